@@ -1,0 +1,1 @@
+"""Adapters that plug TRACE environments into other trainers."""

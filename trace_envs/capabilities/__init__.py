@@ -1,0 +1,1 @@
+"""Capability environments (one file per capability)."""

@@ -1,0 +1,246 @@
+"""``check_trace_env``: the conformance checks every TRACE environment must pass.
+
+Contributors run it on a hand-written env, the test suite runs it over the
+whole registry, and the generator runs it before admitting a generated env.
+The checks are those of DESIGN.md ("Conformance"):
+
+* gymnasium's ``check_env``;
+* seed determinism (same seed → same task, same opening, same oracle transcript);
+* different seeds give different tasks;
+* rewards stay in [0, 1];
+* the oracle scores 1.0 on every checked seed;
+* empty, garbage and random actions never raise out of ``step`` and score < 1;
+* episodes end within ``max_episode_steps`` (truncation is registered);
+* ``close()`` releases everything (it is idempotent and ``open_resources()`` is empty after it).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+
+GARBAGE_ACTIONS: list[Any] = [
+    "",
+    "   ",
+    "{",
+    "<tool_call>{\"name\": \"no_such_tool\", \"arguments\": {}}</tool_call>",
+    "<tool_call>not json</tool_call>",
+    "<tool_call>",
+    {"role": "user", "content": "hi"},
+    {"not": "a message"},
+    "\x00\x01",
+    "a" * 70_000,
+    12345,
+    None,
+]
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class CheckReport:
+    env_id: str
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.ok]
+
+    def summary(self) -> str:
+        lines = [f"Conformance of {self.env_id}: {'PASS' if self.ok else 'FAIL'}"]
+        for r in self.results:
+            lines.append(f"  [{'ok' if r.ok else 'FAIL'}] {r.name} ({r.seconds:.2f}s){': ' + r.detail if r.detail else ''}")
+        return "\n".join(lines)
+
+    def raise_if_failed(self) -> None:
+        if not self.ok:
+            raise AssertionError(self.summary())
+
+
+class ConformanceError(AssertionError):
+    pass
+
+
+def _make(env_id: str, **kwargs: Any) -> gym.Env:
+    return gym.make(env_id, **kwargs)
+
+
+def _run(env: gym.Env, agent: Any, seed: int) -> dict:
+    from ..rollout import rollout
+
+    return rollout(env, agent, seed)
+
+
+def check_gymnasium_api(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    from gymnasium.utils.env_checker import check_env
+
+    env = _make(env_id, disable_env_checker=True, **kwargs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # check_env warns about text spaces' dtype; failures still raise
+            check_env(env.unwrapped, skip_render_check=False, skip_close_check=True)
+    finally:
+        env.close()
+    return ""
+
+
+def check_determinism(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    from ..agents import OracleAgent
+
+    for seed in seeds[:3]:
+        transcripts, prints, openings = [], [], []
+        for _ in range(2):
+            env = _make(env_id, **kwargs)
+            obs, _ = env.reset(seed=seed)
+            openings.append(obs)
+            prints.append(env.unwrapped.task_fingerprint())
+            transcripts.append(_run(env, OracleAgent(), seed)["messages"])
+            env.close()
+        if openings[0] != openings[1]:
+            raise ConformanceError(f"seed {seed}: two resets gave different opening observations")
+        if prints[0] != prints[1]:
+            raise ConformanceError(f"seed {seed}: two resets gave different task fingerprints")
+        if transcripts[0] != transcripts[1]:
+            raise ConformanceError(f"seed {seed}: the oracle's transcript differs between two runs")
+    return ""
+
+
+def check_seeds_differ(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    env = _make(env_id, **kwargs)
+    prints = set()
+    for seed in seeds:
+        env.reset(seed=seed)
+        prints.add(env.unwrapped.task_fingerprint())
+    env.close()
+    if len(prints) < max(2, len(seeds) // 2):
+        raise ConformanceError(f"only {len(prints)} distinct tasks over {len(seeds)} seeds")
+    return f"{len(prints)} distinct tasks / {len(seeds)} seeds"
+
+
+def check_oracle(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    from ..agents import OracleAgent
+
+    env = _make(env_id, **kwargs)
+    bad = []
+    for seed in seeds:
+        record = _run(env, OracleAgent(), seed)
+        if record["reward"] != 1.0:
+            bad.append((seed, record["reward"], record["termination"], record["reward_breakdown"]))
+    env.close()
+    if bad:
+        raise ConformanceError(f"oracle below 1.0 on {len(bad)}/{len(seeds)} seeds, e.g. {bad[:3]}")
+    return f"1.0 on {len(seeds)} seeds"
+
+
+def check_bad_actions(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    from ..agents import RandomAgent, ScriptedAgent
+
+    env = _make(env_id, **kwargs)
+    try:
+        for seed in seeds[:3]:
+            for i, action in enumerate(GARBAGE_ACTIONS):
+                env.reset(seed=seed)
+                obs, reward, terminated, truncated, info = env.step(action)
+                if not isinstance(obs, str) or not (0.0 <= reward < 1.0):
+                    raise ConformanceError(f"garbage action #{i} gave obs={obs!r:.80} reward={reward}")
+            for agent in (ScriptedAgent([""], name="empty"), ScriptedAgent(["<tool_call>{bad"], name="garbage"),
+                          RandomAgent(seed)):
+                record = _run(env, agent, seed)
+                if not (0.0 <= record["reward"] < 1.0):
+                    raise ConformanceError(f"agent {agent.name} scored {record['reward']} on seed {seed}")
+                if record["termination"] == "env_error":
+                    raise ConformanceError(f"agent {agent.name} triggered an env_error on seed {seed}")
+    finally:
+        env.close()
+    return ""
+
+
+def check_reward_range_and_truncation(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    from ..agents import RandomAgent
+
+    env = _make(env_id, **kwargs)
+    limit = env.spec.max_episode_steps if env.spec else None
+    if not limit:
+        env.close()
+        raise ConformanceError("no max_episode_steps in the registry entry: episodes could run forever")
+    try:
+        for seed in seeds[:5]:
+            env.reset(seed=seed)
+            agent = RandomAgent(seed + 1)
+            obs, info = env.reset(seed=seed)
+            agent.reset(env.unwrapped, obs, info)
+            for step in range(limit + 1):
+                obs, reward, terminated, truncated, info = env.step(agent(obs, info))
+                if not 0.0 <= reward <= 1.0:
+                    raise ConformanceError(f"reward {reward} outside [0, 1] (seed {seed}, step {step})")
+                if terminated or truncated:
+                    break
+            else:
+                raise ConformanceError(f"episode did not end within max_episode_steps={limit} (seed {seed})")
+    finally:
+        env.close()
+    return f"max_episode_steps={limit}"
+
+
+def check_close(env_id: str, kwargs: dict, seeds: list[int]) -> str:
+    env = _make(env_id, **kwargs)
+    env.reset(seed=seeds[0])
+    env.close()
+    env.close()  # idempotent
+    leftover = getattr(env.unwrapped, "open_resources", lambda: [])()
+    if leftover:
+        raise ConformanceError(f"close() left resources open: {leftover}")
+    return ""
+
+
+CHECKS: list[tuple[str, Callable[[str, dict, list[int]], str]]] = [
+    ("gymnasium check_env", check_gymnasium_api),
+    ("seed determinism", check_determinism),
+    ("different seeds differ", check_seeds_differ),
+    ("oracle scores 1.0", check_oracle),
+    ("bad actions never crash, score < 1", check_bad_actions),
+    ("reward range and truncation", check_reward_range_and_truncation),
+    ("close frees resources", check_close),
+]
+
+
+def check_trace_env(env_id: str, *, n_seeds: int = 20, env_kwargs: dict | None = None,
+                    only: list[str] | None = None) -> CheckReport:
+    """Run every conformance check on ``env_id`` and return a report (``report.raise_if_failed()``).
+
+    Args:
+        env_id: a registered id, e.g. ``"trace/tau_airline-v0"``.
+        n_seeds: how many seeds the oracle and seed checks use.
+        env_kwargs: extra keyword arguments for ``gym.make``.
+        only: run only the checks with these names.
+    """
+    import trace_envs  # noqa: F401 - registers the ids
+
+    seeds = list(range(n_seeds))
+    report = CheckReport(env_id)
+    for name, fn in CHECKS:
+        if only and name not in only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            detail = fn(env_id, dict(env_kwargs or {}), seeds)
+            report.results.append(CheckResult(name, True, detail, time.perf_counter() - t0))
+        except Exception as exc:  # collect every failure, not just the first
+            detail = str(exc) if isinstance(exc, AssertionError) else traceback.format_exc(limit=4)
+            report.results.append(CheckResult(name, False, detail, time.perf_counter() - t0))
+    return report

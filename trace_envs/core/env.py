@@ -1,0 +1,272 @@
+"""``TraceEnv``: the base class of every TRACE environment.
+
+An episode is a conversation. ``reset(seed)`` builds a task as a pure
+function of (seed, config) and returns the opening observation; each
+``step(action)`` takes the assistant's turn — a tool call or a message to the
+user, in any of the shapes :mod:`trace_envs.core.parsing` reads — and returns
+what the agent sees next. The full transcript (OpenAI format) and the tool
+schemas travel in ``info``; the verifiable reward arrives on the last step
+together with ``reward_breakdown``, ``success`` and ``termination``.
+
+Subclasses implement a few hooks (see "Hooks" below); the base class owns
+parsing, validation, the transcript, error handling and termination, so that
+every environment — built-in, contributed or generated — behaves the same way
+for the same malformed input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from .conversation import (
+    assistant_message,
+    render_transcript,
+    system_message,
+    tool_call_entry,
+    tool_message,
+    tool_response_text,
+    tools_block,
+    user_message,
+)
+from .parsing import MAX_ACTION_CHARS, ParsedAction, parse_action
+from .spaces import UnicodeText
+from .tools import ToolResult, ToolSet
+
+logger = logging.getLogger(__name__)
+
+Policy = Callable[[str, dict], Any]
+
+
+def canonical_hash(value: Any) -> str:
+    """A stable hash of JSON-able data (sorted keys; identical across processes and machines)."""
+    blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class TraceEnv(gym.Env):
+    """Base class for text-in, text-out tool-using environments.
+
+    Hooks for subclasses:
+        ``_generate_task(options) -> str``: build the episode's task from ``self.np_random``
+            and return the user's opening message (required).
+        ``_tool_provider() -> object``: the object whose ``@tool`` methods are the tools
+            (default: the env itself). Called after ``_generate_task``.
+        ``_on_user_message(text) -> str | None``: react to a message to the user; return the
+            user's reply, or call ``self._end(reason)`` (default: the episode ends with
+            ``agent_stop``).
+        ``_on_tool_result(name, arguments, result)``: after each tool call (e.g. end on ``submit``).
+        ``_evaluate() -> (reward, breakdown)``: the final reward in [0, 1] and its components (required).
+        ``system_prompt() -> str``: instructions and policy shown before the conversation.
+        ``task_spec() -> dict``: the task as JSON-able data; its hash is the task fingerprint.
+        ``world_state() -> Any``: the mutable state a tool call may change (for tests and evaluators).
+        ``oracle() -> policy``: a ``(observation, info) -> action`` callable that solves this episode.
+
+    Class attributes:
+        max_invalid_actions: consecutive rejected turns (unreadable actions or failed tool calls)
+            after which the episode ends with termination ``too_many_errors``.
+        max_tool_calls_per_turn: more calls than this in one turn are rejected.
+        max_repeated_calls: if set, this many identical tool calls in a row end the episode
+            (termination ``repeated_calls``).
+        max_output_chars: tool outputs are truncated beyond this.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+    max_invalid_actions: int = 10
+    max_tool_calls_per_turn: int = 1
+    max_repeated_calls: int | None = None
+    max_output_chars: int = 20_000
+
+    def __init__(self, render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(max_length=2_000_000)
+        self.action_space = UnicodeText(max_length=MAX_ACTION_CHARS)
+        self._messages: list[dict] = []
+        self._toolset: ToolSet | None = None
+        self._ended = True
+        self._termination: str | None = None
+        self._final: dict = {}
+        self._seed: int | None = None
+
+    # ------------------------------------------------------------------ hooks
+
+    def _generate_task(self, options: dict) -> str:
+        raise NotImplementedError
+
+    def _tool_provider(self) -> Any:
+        return self
+
+    def _on_user_message(self, text: str) -> str | None:
+        self._end("agent_stop")
+        return None
+
+    def _on_tool_result(self, name: str, arguments: dict, result: ToolResult) -> None:
+        pass
+
+    def _evaluate(self) -> tuple[float, dict]:
+        raise NotImplementedError
+
+    def system_prompt(self) -> str:
+        return ""
+
+    def task_spec(self) -> dict:
+        return {}
+
+    def world_state(self) -> Any:
+        return None
+
+    def oracle(self) -> Policy:
+        raise NotImplementedError(f"{type(self).__name__} has no oracle")
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def tools(self) -> list[dict]:
+        """OpenAI function schemas of this episode's tools."""
+        return self._toolset.schemas if self._toolset else []
+
+    @property
+    def messages(self) -> list[dict]:
+        return self._messages
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def termination(self) -> str | None:
+        return self._termination
+
+    def task_fingerprint(self) -> str:
+        """Hash of the current task; equal seeds and configs give equal fingerprints."""
+        return canonical_hash({"cls": type(self).__name__, "task": self.task_spec(),
+                               "first": self._messages[:2]})
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._seed = seed
+        self._messages = []
+        self._ended = False
+        self._termination = None
+        self._final = {}
+        self._invalid_streak = 0
+        self._call_counter = 0
+        self._last_calls: list[str] = []
+        opening = self._generate_task(dict(options or {}))
+        self._toolset = ToolSet(self._tool_provider(), max_output_chars=self.max_output_chars)
+        prompt = self.system_prompt()
+        if prompt:
+            self._messages.append(system_message(prompt))
+        self._messages.append(user_message(opening))
+        parts = [prompt] if prompt else []
+        if self._toolset.schemas:
+            parts.append("# Tools\nCall a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
+                         + tools_block(self._toolset.schemas))
+        parts.append(opening)
+        return "\n\n".join(parts), self._info()
+
+    def step(self, action: Any):
+        if self._ended:
+            reason = self._termination or "not_started"
+            obs = (f"Error: this episode has ended (termination: {reason}). Call reset() to start a new one."
+                   if reason != "not_started" else "Error: call reset() before step().")
+            return obs, 0.0, True, False, self._info()
+        try:
+            obs = self._take_turn(action)
+        except Exception as exc:  # our bug, not the agent's: end cleanly instead of killing the caller's loop
+            logger.exception("environment %s failed during step", type(self).__name__)
+            obs = f"Error: the environment failed ({type(exc).__name__}). The episode has ended."
+            self._end("env_error")
+        reward = 0.0
+        if self._ended:
+            reward = self._finish()
+        return obs, reward, self._ended, False, self._info()
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return render_transcript(self._messages)
+        return None
+
+    def close(self) -> None:
+        self._toolset = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _end(self, termination: str) -> None:
+        """End the episode with a τ²-style termination reason (``user_stop``, ``agent_stop``, ...)."""
+        if not self._ended:
+            self._ended = True
+            self._termination = termination
+
+    def _reject(self, message: str) -> str:
+        self._invalid_streak += 1
+        if self._invalid_streak >= self.max_invalid_actions:
+            self._end("too_many_errors")
+            return f"Error: {message}\nToo many errors in a row; the episode has ended."
+        return f"Error: {message}"
+
+    def _take_turn(self, action: Any) -> str:
+        parsed: ParsedAction = parse_action(action)
+        if parsed.error is not None:
+            return self._reject(parsed.error)
+        if len(parsed.tool_calls) > self.max_tool_calls_per_turn:
+            return self._reject(f"you made {len(parsed.tool_calls)} tool calls in one turn; make at most "
+                                f"{self.max_tool_calls_per_turn} per turn and wait for its result.")
+        if parsed.tool_calls:
+            return self._tool_turn(parsed)
+        self._invalid_streak = 0
+        self._messages.append(assistant_message(parsed.content))
+        reply = self._on_user_message(parsed.content)
+        if reply is None:
+            return ""
+        self._messages.append(user_message(reply))
+        return reply
+
+    def _tool_turn(self, parsed: ParsedAction) -> str:
+        call = parsed.tool_calls[0]
+        self._call_counter += 1
+        call_id = call.id or f"call_{self._call_counter}"
+        name = call.name if isinstance(call.name, str) else json.dumps(call.name, default=str)
+        result = self._toolset.call(call.name, call.arguments)
+        self._messages.append(assistant_message(parsed.content, [tool_call_entry(call_id, name, call.arguments)]))
+        self._messages.append(tool_message(call_id, name, result.content))
+        self._invalid_streak = 0 if result.ok else self._invalid_streak + 1
+        obs = tool_response_text(result.content)
+        if self._invalid_streak >= self.max_invalid_actions:
+            self._end("too_many_errors")
+            return obs + "\nToo many errors in a row; the episode has ended."
+        if self.max_repeated_calls:
+            key = name + json.dumps(call.arguments, sort_keys=True, default=str)
+            self._last_calls = (self._last_calls + [key])[-self.max_repeated_calls:]
+            if len(self._last_calls) == self.max_repeated_calls and len(set(self._last_calls)) == 1:
+                self._end("repeated_calls")
+                return obs + "\nThe same call was repeated too many times; the episode has ended."
+        if result.ok or self._toolset.specs.get(name) is not None:
+            self._on_tool_result(name, call.arguments, result)
+        return obs
+
+    def _finish(self) -> float:
+        if self._termination in ("too_many_errors", "env_error"):
+            reward, breakdown = 0.0, {"reason": self._termination}
+        else:
+            try:
+                reward, breakdown = self._evaluate()
+            except Exception:
+                logger.exception("evaluation of %s failed", type(self).__name__)
+                reward, breakdown = 0.0, {"reason": "evaluation_error"}
+        reward = float(min(1.0, max(0.0, reward)))
+        self._final = {"reward": reward, "reward_breakdown": breakdown, "success": reward >= 1.0 - 1e-9,
+                       "termination": self._termination}
+        return reward
+
+    def _info(self) -> dict:
+        info = {"messages": list(self._messages), "tools": self.tools}
+        if self._final:
+            info.update(self._final)
+        return info

@@ -1,0 +1,204 @@
+"""``registry.yaml``: the list of TRACE environments, registered with Gymnasium.
+
+``import trace_envs`` reads the package's ``registry.yaml`` and every workspace
+registry named by ``TRACE_REGISTRY`` (paths separated by ``:``; a path is a
+``registry.yaml`` file or a folder holding one) and registers each entry with
+Gymnasium, so ``gym.make("trace/<name>-v0")`` works. Users' own and generated
+environments live in workspace registries, never in site-packages; a
+workspace folder is put on ``sys.path`` so its modules import by name.
+
+A bad entry is rejected with a :class:`RegistryError` naming the file, the
+entry and the fix. Entry points are checked cheaply at import time (the
+module must exist); ``validate_entry(..., import_entry_point=True)`` and the
+conformance checker import them fully.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
+KINDS = ("target", "capability")
+FIELDS = ("id", "entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs",
+          "origin", "description")
+BUILTIN_REGISTRY = Path(__file__).resolve().parent.parent / "registry.yaml"
+
+
+class RegistryError(ValueError):
+    """A registry file or entry is invalid; the message names the file, the entry and the fix."""
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One registry entry (see DESIGN.md, "registry.yaml")."""
+
+    id: str
+    entry_point: str
+    kind: str
+    description: str
+    capability: str | None = None
+    target: str | None = None
+    max_episode_steps: int | None = None
+    requires: tuple[str, ...] = ()
+    kwargs: dict = field(default_factory=dict)
+    origin: str = "hand-written"
+    source: str = ""
+
+    @property
+    def module(self) -> str:
+        return self.entry_point.split(":", 1)[0]
+
+    def load_class(self) -> type:
+        module_name, _, attr = self.entry_point.partition(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+_ENTRIES: dict[str, EnvEntry] = {}
+
+
+def _fail(source: str, index: int | None, entry_id: Any, problem: str, fix: str) -> RegistryError:
+    where = f"{source}" + (f", entry #{index + 1}" if index is not None else "")
+    if entry_id:
+        where += f" ({entry_id})"
+    return RegistryError(f"{where}: {problem}. Fix: {fix}")
+
+
+def validate_entry(raw: Any, source: str, index: int, import_entry_point: bool = False) -> EnvEntry:
+    """Check one raw YAML entry and turn it into an :class:`EnvEntry`."""
+    if not isinstance(raw, dict):
+        raise _fail(source, index, None, f"an entry must be a mapping, got {type(raw).__name__}",
+                    "write the entry as `- id: ns/name-v0` followed by its fields")
+    entry_id = raw.get("id")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise _fail(source, index, entry_id, f"unknown field(s) {unknown}", f"use only {', '.join(FIELDS)}")
+    for key in ("id", "entry_point", "kind", "description"):
+        if not raw.get(key):
+            raise _fail(source, index, entry_id, f"missing required field {key!r}", f"add `{key}: ...` to the entry")
+    if not isinstance(entry_id, str) or not ID_PATTERN.match(entry_id):
+        raise _fail(source, index, entry_id, f"malformed id {entry_id!r}",
+                    "ids look like `namespace/snake_case_name-v0` (lowercase, digits, underscores; a version suffix)")
+    if raw["kind"] not in KINDS:
+        raise _fail(source, index, entry_id, f"unknown kind {raw['kind']!r}", f"kind must be one of {', '.join(KINDS)}")
+    ep = raw["entry_point"]
+    if not isinstance(ep, str) or not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", ep):
+        raise _fail(source, index, entry_id, f"malformed entry_point {ep!r}",
+                    "write it as `package.module:ClassName`")
+    module_name, _, attr = ep.partition(":")
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise _fail(source, index, entry_id, f"entry_point module {module_name!r} cannot be found",
+                    "check the module path, or put the module next to the workspace registry.yaml")
+    if import_entry_point:
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except Exception as exc:
+            raise _fail(source, index, entry_id, f"entry_point {ep!r} cannot be imported ({type(exc).__name__}: {exc})",
+                        "make the module import cleanly and define the class it names") from exc
+        from .env import TraceEnv
+
+        if not (isinstance(cls, type) and issubclass(cls, TraceEnv)):
+            raise _fail(source, index, entry_id, f"{ep} is not a TraceEnv subclass",
+                        "subclass trace_envs.TraceEnv")
+    steps = raw.get("max_episode_steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise _fail(source, index, entry_id, f"max_episode_steps must be a positive integer, got {steps!r}",
+                    "set e.g. `max_episode_steps: 30`")
+    requires = raw.get("requires") or []
+    kwargs = raw.get("kwargs") or {}
+    if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+        raise _fail(source, index, entry_id, "requires must be a list of strings", "write e.g. `requires: [docker]`")
+    if not isinstance(kwargs, dict):
+        raise _fail(source, index, entry_id, "kwargs must be a mapping", "write e.g. `kwargs: {domain: airline}`")
+    return EnvEntry(id=entry_id, entry_point=ep, kind=raw["kind"], description=str(raw["description"]),
+                    capability=raw.get("capability"), target=raw.get("target"), max_episode_steps=steps,
+                    requires=tuple(requires), kwargs=dict(kwargs), origin=str(raw.get("origin", "hand-written")),
+                    source=source)
+
+
+def read_registry(path: str | os.PathLike, import_entry_points: bool = False) -> list[EnvEntry]:
+    """Read and validate one registry file (or a folder holding ``registry.yaml``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "registry.yaml"
+    source = str(path)
+    if not path.is_file():
+        raise RegistryError(f"{source}: registry file not found. Fix: point TRACE_REGISTRY at a registry.yaml "
+                            "or a folder that holds one")
+    try:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{source}: not valid YAML ({exc}). Fix: the file must be a YAML list of entries") from exc
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise RegistryError(f"{source}: the top level must be a list of entries, got {type(data).__name__}. "
+                            "Fix: start each entry with `- id: ...`")
+    if path.parent != BUILTIN_REGISTRY.parent and str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # workspace modules import by name
+    entries: list[EnvEntry] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(data):
+        entry = validate_entry(raw, source, i, import_entry_point=import_entry_points)
+        if entry.id in seen:
+            raise _fail(source, i, entry.id, f"duplicate id (also entry #{seen[entry.id] + 1})",
+                        "give each environment its own id; bump the version (-v1) for a changed behaviour")
+        seen[entry.id] = i
+        entries.append(entry)
+    return entries
+
+
+def register_entries(entries: list[EnvEntry]) -> None:
+    """Register entries with Gymnasium (refusing ids already registered from another file)."""
+    import gymnasium as gym
+
+    for entry in entries:
+        previous = _ENTRIES.get(entry.id)
+        if previous is not None:
+            if previous.source == entry.source:
+                continue  # the same file loaded twice
+            raise RegistryError(f"{entry.source} ({entry.id}): duplicate id, already registered by {previous.source}. "
+                                "Fix: rename the environment in your workspace registry")
+        gym.register(id=entry.id, entry_point=entry.entry_point, max_episode_steps=entry.max_episode_steps,
+                     kwargs=dict(entry.kwargs), disable_env_checker=False)
+        _ENTRIES[entry.id] = entry
+
+
+def load_registry(path: str | os.PathLike, import_entry_points: bool = False) -> list[EnvEntry]:
+    """Read a workspace registry and register its entries; returns them."""
+    entries = read_registry(path, import_entry_points=import_entry_points)
+    register_entries(entries)
+    return entries
+
+
+def load_default_registries() -> None:
+    """Register the built-in registry and those named by ``TRACE_REGISTRY`` (called by ``import trace_envs``)."""
+    register_entries(read_registry(BUILTIN_REGISTRY))
+    for part in filter(None, os.environ.get("TRACE_REGISTRY", "").split(os.pathsep)):
+        load_registry(part)
+
+
+def registered() -> list[EnvEntry]:
+    """Every registered TRACE entry, in registration order."""
+    return list(_ENTRIES.values())
+
+
+def get_entry(env_id: str) -> EnvEntry:
+    env_id = env_id.split(":", 1)[-1]
+    if env_id not in _ENTRIES:
+        known = ", ".join(_ENTRIES) or "(none)"
+        raise KeyError(f"unknown TRACE environment {env_id!r}. Registered: {known}")
+    return _ENTRIES[env_id]
