@@ -92,7 +92,7 @@ class RandomAgent:
 
 _AGENT_FACTORIES: dict[str, Callable[..., Any]] = {}
 # Family modules that register more agents when imported (kept lazy so `import trace_envs` stays light).
-_AGENT_MODULES: list[str] = []
+_AGENT_MODULES: list[str] = ["trace_envs.domains.agents"]
 
 
 def register_agent(name: str, factory: Callable[..., Any]) -> None:

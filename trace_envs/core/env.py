@@ -16,6 +16,7 @@ for the same malformed input.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -268,5 +269,6 @@ class TraceEnv(gym.Env):
     def _info(self) -> dict:
         info = {"messages": list(self._messages), "tools": self.tools}
         if self._final:
-            info.update(self._final)
+            # A fresh copy each step: callers keep infos, and steps after the end must not share objects.
+            info.update(copy.deepcopy(self._final))
         return info

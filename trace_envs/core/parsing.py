@@ -132,9 +132,14 @@ def _parse_text(text: str) -> ParsedAction:
             if isinstance(call, str):
                 return _reject(call)
             calls.append(call)
-        # Text around the blocks (reasoning, preambles) is kept as content but not sent to the user.
+        # Text around the blocks (reasoning, preambles) is kept as the message content; it is not
+        # sent to the user, and the calls themselves live in tool_calls (the OpenAI format).
         content = visible
-        return ParsedAction(content=content, tool_calls=calls)
+        for block_start in range(opens):
+            start = content.index(_OPEN)
+            end = content.index(_CLOSE, start) + len(_CLOSE)
+            content = content[:start] + content[end:]
+        return ParsedAction(content=content.strip(), tool_calls=calls)
 
     fenced = _FENCE.match(visible)
     candidate = fenced.group(1).strip() if fenced else visible

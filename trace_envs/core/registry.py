@@ -161,6 +161,13 @@ def read_registry(path: str | os.PathLike, import_entry_points: bool = False) ->
     return entries
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
 def register_entries(entries: list[EnvEntry]) -> None:
     """Register entries with Gymnasium (refusing ids already registered from another file)."""
     import gymnasium as gym
@@ -168,8 +175,8 @@ def register_entries(entries: list[EnvEntry]) -> None:
     for entry in entries:
         previous = _ENTRIES.get(entry.id)
         if previous is not None:
-            if previous.source == entry.source:
-                continue  # the same file loaded twice
+            if previous.source == entry.source or _same_file(previous.source, entry.source):
+                continue  # the same file loaded twice (perhaps by another spelling of its path)
             raise RegistryError(f"{entry.source} ({entry.id}): duplicate id, already registered by {previous.source}. "
                                 "Fix: rename the environment in your workspace registry")
         gym.register(id=entry.id, entry_point=entry.entry_point, max_episode_steps=entry.max_episode_steps,

@@ -1,0 +1,64 @@
+"""A small client for OpenAI-compatible chat endpoints (vLLM, ``transformers serve``, hosted APIs).
+
+Used by the LLM user simulator here, and by the agents, analysis and
+generator stages. The ``openai`` package is imported on first use, so
+``import trace_envs`` stays light.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class ChatClient:
+    """Chat completions with timeouts and retries with exponential backoff.
+
+    Args:
+        base_url: the endpoint's base URL, e.g. ``http://127.0.0.1:8000/v1``.
+        model: the served model's name.
+        api_key: the API key (``EMPTY`` for local servers).
+        timeout: seconds per request.
+        max_retries: retries after a failed request (connection errors, 5xx, timeouts).
+        backoff: the first retry's delay in seconds; doubled each retry.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout: float = 60.0,
+                 max_retries: int = 2, backoff: float = 0.5):
+        try:
+            import openai
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError("the LLM client needs the `openai` package: pip install 'trace-rl[llm]'") from exc
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff = backoff
+        # Retries are ours (with our backoff), so the SDK's own are off.
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0, "failures": 0}
+
+    def chat(self, messages: list[dict], **kwargs: Any) -> Any:
+        """One chat completion (the raw response object); retried on transient failures."""
+        import openai
+
+        delay = self.backoff
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self.client.chat.completions.create(model=self.model, messages=messages, **kwargs)
+                self.usage["requests"] += 1
+                if getattr(response, "usage", None) is not None:
+                    self.usage["prompt_tokens"] += response.usage.prompt_tokens or 0
+                    self.usage["completion_tokens"] += response.usage.completion_tokens or 0
+                return response
+            except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
+                    openai.RateLimitError):
+                self.usage["failures"] += 1
+                if attempt == self.max_retries:
+                    raise
+                time.sleep(delay)
+                delay *= 2
+        raise RuntimeError("unreachable")
+
+    def complete(self, messages: list[dict], **kwargs: Any) -> str:
+        """The text of one chat completion."""
+        response = self.chat(messages, **kwargs)
+        return response.choices[0].message.content or ""

@@ -1,0 +1,1 @@
+"""τ²-style customer-service domains (airline, retail) and their shared machinery."""

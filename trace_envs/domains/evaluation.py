@@ -1,0 +1,108 @@
+"""τ²-style evaluation: DB state, communicated information, and (optionally) actions.
+
+The reward is the product of the components named in the task's
+``reward_basis`` (FACTS.md §2):
+
+* ``DB``: the database after the agent's writes equals the database after the
+  gold writes (compared by canonical hash of every record either run touched;
+  see :func:`trace_envs.domains.db.same_state`);
+* ``COMMUNICATE``: every required fact appears in some agent message
+  (case-insensitive, commas removed);
+* ``ACTION``: every gold write appears among the agent's successful calls,
+  with equal arguments.
+
+No LLM judge is involved. :func:`pass_hat_k` is τ²-bench's pass^k.
+"""
+
+from __future__ import annotations
+
+from math import comb
+from typing import Any, Callable, Iterable
+
+from ..core.tools import ToolSet
+from .db import Layer, same_state
+from .task import TauTask
+
+
+def _normalize(text: str) -> str:
+    return text.lower().replace(",", "")
+
+
+def communicated(facts: Iterable[str], messages: list[dict]) -> dict[str, bool]:
+    """For each fact, whether an assistant message to the user contains it."""
+    said = " ".join(_normalize(m.get("content") or "") for m in messages
+                    if m.get("role") == "assistant" and not m.get("tool_calls"))
+    return {fact: _normalize(fact) in said for fact in facts}
+
+
+def successful_calls(messages: list[dict]) -> list[tuple[str, Any]]:
+    """(name, arguments) of every tool call whose result was not an error."""
+    from ..core.conversation import tool_calls_of
+
+    return [(name, args) for name, args, result in tool_calls_of(messages)
+            if result is not None and not result.startswith("Error:")]
+
+
+def apply_gold(parent: Layer, toolkit_factory: Callable[[Layer], Any], task: TauTask) -> tuple[Layer, list[str]]:
+    """A new layer over ``parent`` with the task's gold writes applied; returns it and any gold-call errors."""
+    gold = parent.child()
+    tools = ToolSet(toolkit_factory(gold))
+    errors = []
+    for call in task.gold_writes:
+        result = tools.call(call.name, call.arguments)
+        if not result.ok:
+            errors.append(f"{call.name}: {result.content}")
+    return gold, errors
+
+
+def evaluate_task(task: TauTask, agent_db: Layer, messages: list[dict],
+                  toolkit_factory: Callable[[Layer], Any]) -> tuple[float, dict]:
+    """The reward and its breakdown for one finished episode.
+
+    Args:
+        task: the task.
+        agent_db: the episode's layer (the agent's writes applied on top of the task's initial state).
+        messages: the transcript.
+        toolkit_factory: builds the domain's toolkit over a layer (to replay the gold writes).
+    """
+    breakdown: dict[str, Any] = {}
+    reward = 1.0
+    if "DB" in task.reward_basis:
+        gold_db, gold_errors = apply_gold(agent_db.parent, toolkit_factory, task)  # type: ignore[arg-type]
+        equal, agent_hash, gold_hash = same_state(agent_db, gold_db)
+        breakdown["db"] = float(equal)
+        breakdown["db_hash"] = {"agent": agent_hash[:16], "gold": gold_hash[:16]}
+        if gold_errors:  # a gold path that fails is a broken task, never a silent pass
+            breakdown["gold_errors"] = gold_errors
+            breakdown["db"] = 0.0
+        reward *= breakdown["db"]
+    if "COMMUNICATE" in task.reward_basis and task.communicate:
+        found = communicated(task.communicate, messages)
+        breakdown["communicate"] = float(all(found.values()))
+        breakdown["communicate_missing"] = [f for f, ok in found.items() if not ok]
+        reward *= breakdown["communicate"]
+    if "ACTION" in task.reward_basis:
+        done = successful_calls(messages)
+        matched = [any(n == g.name and a == g.arguments for n, a in done) for g in task.gold_writes]
+        breakdown["action"] = float(all(matched))
+        reward *= breakdown["action"]
+    return reward, breakdown
+
+
+def pass_hat_k(successes_per_task: Iterable[tuple[int, int]], k: int) -> float:
+    """τ²-bench's pass^k: the mean over tasks of C(successes, k) / C(trials, k).
+
+    Args:
+        successes_per_task: (successes, trials) for each task; every task needs trials ≥ k.
+        k: how many independent trials must all succeed.
+    """
+    values = []
+    for successes, trials in successes_per_task:
+        if trials < k:
+            raise ValueError(f"pass^{k} needs at least {k} trials per task, got a task with {trials}")
+        if not 0 <= successes <= trials:
+            raise ValueError(f"successes must be within 0..trials, got {successes}/{trials}")
+        values.append(comb(successes, k) / comb(trials, k))
+    if not values:
+        raise ValueError("pass_hat_k needs at least one task")
+    return sum(values) / len(values)

@@ -1,0 +1,45 @@
+"""The verbs of the ``trace`` command line, one module per part of the project.
+
+Each module here exposes ``register(subparsers)``, which adds its verbs to the
+top-level parser (see :mod:`trace_train.cli`). A verb is an ``argparse``
+sub-parser whose ``func`` default is ``func(args) -> int | None`` (the exit
+status; ``None`` means 0).
+
+Rules for a command module:
+
+* import only the standard library and light project modules at module level;
+  torch, transformers, docker and the like are imported inside the command
+  functions, so ``trace --help`` stays fast and a missing extra breaks only
+  the verbs that need it;
+* report a user's mistake (unknown id, missing file, bad value) by raising
+  :class:`CommandError`: the CLI prints its message on one line and exits 2,
+  without a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as ``trace: error: <message>``, exit status 2 (no traceback)."""
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty: str = "-") -> str:
+    """Plain, left-aligned text columns (readable in any terminal and in logs).
+
+    ``None`` and empty values are shown as ``empty``; lists and tuples are joined with commas.
+    """
+
+    def cell(value: object) -> str:
+        if value is None or value == "" or value == () or value == []:
+            return empty
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return str(value)
+
+    table = [[str(h) for h in headers]] + [[cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,596 @@
+"""The tiny offline model: a Qwen3-architecture causal LM built from nothing, plus its SFT warm-up.
+
+CPU machines (CI, laptops) run the whole TRACE loop on a model this module
+builds locally, with no hub access:
+
+* :func:`build_model` trains a byte-level BPE tokenizer with ``tokenizers`` on
+  text the environments generate (oracle conversations and tool schemas),
+  gives it TRL's Qwen3 chat template byte-for-byte (so TRL recognises the
+  template and parses ``<tool_call>`` blocks), initialises a
+  ``Qwen3ForCausalLM`` at random from a size preset and saves both with
+  ``save_pretrained`` into a cache folder keyed by the preset and the content
+  (corpus, template, config). A second call with the same inputs is a cache hit.
+* :func:`bootstrap_model` is the SFT warm-up: it plays the target env's oracle
+  on training seeds, turns every assistant turn into a (prompt, completion)
+  pair rendered with the chat template exactly as :class:`~trace_train.agents.HFAgent`
+  renders it at inference time, and trains on the completion tokens. Scenario
+  families named in ``exclude_scenarios`` are left out, which produces a base
+  model with real, known gaps. It saves the model, ``loss.json`` and a
+  ``loss_curve.png``.
+
+Prompt size: τ²-style envs carry a long policy and many tool schemas. A tiny
+model cannot attend over thousands of tokens cheaply, so the warm-up asks the
+env for its compact prompt with the reset option ``{"prompt": "compact"}``
+(envs that have no such option ignore it). The options used are stored in
+``trace_model.json`` next to the weights, and :func:`model_reset_options`
+returns them so that rollouts of the model use the same prompts.
+
+Heavy imports (torch, transformers, tokenizers) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the build recipe changes, so cached models are rebuilt.
+BUILD_VERSION = 1
+
+#: Tokens with a role in the chat template. The first three are "special" (dropped by
+#: ``skip_special_tokens``), the rest are ordinary added tokens, as in Qwen3's own tokenizer.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
+
+#: Qwen2/Qwen3's pre-tokenizer split: contractions, words, single digits, punctuation runs, newlines, spaces.
+_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+#: The reset options the warm-up asks of the target env (see the module docstring).
+COMPACT_PROMPT_OPTIONS = {"prompt": "compact"}
+
+#: Where built and bootstrapped models are cached (override with ``TRACE_CACHE``).
+def cache_root() -> Path:
+    return Path(os.environ.get("TRACE_CACHE", Path.home() / ".cache" / "trace")) / "models"
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """Size of a tiny Qwen3 model and of its tokenizer.
+
+    Attributes:
+        vocab_size: target BPE vocabulary size (special tokens included).
+        hidden_size: width of the residual stream.
+        intermediate_size: width of the MLP.
+        num_hidden_layers: transformer blocks.
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads (grouped-query attention).
+        head_dim: width of one attention head.
+        max_position_embeddings: longest sequence the model is configured for.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 8192
+
+
+PRESETS: dict[str, ModelPreset] = {
+    # For tests: builds in seconds, a forward pass over 1k tokens takes milliseconds.
+    "nano": ModelPreset(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    # The CPU default: learns to emit well-formed tool calls in a few hundred SFT steps.
+    "tiny": ModelPreset(vocab_size=2048, hidden_size=192, intermediate_size=576, num_hidden_layers=4,
+                        num_attention_heads=6, num_key_value_heads=2, head_dim=32),
+    # Still CPU-trainable, for runs that can afford tens of minutes.
+    "small": ModelPreset(vocab_size=4096, hidden_size=384, intermediate_size=1152, num_hidden_layers=6,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=64),
+}
+
+
+def qwen3_chat_template() -> str:
+    """TRL's Qwen3 chat template, read from the installed ``trl`` package (byte-identical)."""
+    import trl
+
+    path = Path(trl.__file__).resolve().parent / "chat_templates" / "qwen3.jinja"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; TRACE needs a trl release that ships chat_templates/qwen3.jinja "
+                                "(pip install 'trl>=0.24')")
+    return path.read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def default_corpus_envs() -> list[str]:
+    """The env ids whose text trains the tokenizer when none are named: every registered id without requirements."""
+    import trace_envs
+
+    ids = [e.id for e in trace_envs.registered() if not e.requires]
+    return sorted(ids)
+
+
+def env_corpus(env_ids: Sequence[str], seeds: Iterable[int] = range(8), options: dict | None = None) -> list[str]:
+    """Text for the tokenizer: oracle conversations and tool schemas of ``env_ids``.
+
+    Each conversation is rendered with the Qwen3 markup (``<|im_start|>`` etc. as plain strings, which the
+    tokenizer later splits off as added tokens), so merges are learnt on the text the model will see.
+    """
+    from trace_envs import OracleAgent, rollout
+
+    texts: list[str] = [
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+        "function signatures within <tools></tools> XML tags:\n<tools>\n</tools>\n\nFor each function call, return "
+        "a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    ]
+    seeds = list(seeds)
+    for env_id in env_ids:
+        for opts in ([None, options] if options else [None]):
+            for seed in seeds:
+                try:
+                    record = rollout(env_id, OracleAgent(), seed=seed, options=opts)
+                except Exception as exc:  # a broken env must not stop the build; its text is just missing
+                    logger.warning("corpus: oracle rollout of %s seed %s failed: %s", env_id, seed, exc)
+                    break
+                if seed == seeds[0]:
+                    texts.extend(json.dumps(t, ensure_ascii=False) for t in record["tools"])
+                texts.append(render_plain(record["messages"]))
+    return texts
+
+
+def render_plain(messages: list[dict]) -> str:
+    """A Qwen3-like rendering without jinja, for tokenizer training only."""
+    out = []
+    for m in messages:
+        content = m.get("content") or ""
+        if m["role"] == "tool":
+            out.append(f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>")
+            continue
+        for tc in m.get("tool_calls") or ():
+            fn = tc["function"]
+            args = fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
+            content += f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {args}}}\n</tool_call>'
+        out.append(f"<|im_start|>{m['role']}\n{content}<|im_end|>")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- build
+
+
+@dataclass
+class BuildResult:
+    """Where a built model lives and whether it came from the cache."""
+
+    path: Path
+    cached: bool
+    seconds: float
+    preset: str
+    vocab_size: int
+    parameters: int
+
+
+def _content_key(preset: str, config: ModelPreset, texts: list[str], template: str, seed: int) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"v": BUILD_VERSION, "preset": preset, "config": asdict(config), "seed": seed},
+                        sort_keys=True).encode())
+    h.update(hashlib.sha256(template.encode()).digest())
+    for t in texts:
+        h.update(hashlib.sha256(t.encode()).digest())
+    return h.hexdigest()[:16]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (Qwen-style split) with the chat markup as added tokens."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    return tok
+
+
+def wrap_tokenizer(tok, template: str):
+    """The ``transformers`` fast tokenizer around a trained ``tokenizers`` object."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+        bos_token=None, model_max_length=PRESETS["small"].max_position_embeddings, padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    hf.chat_template = template
+    return hf
+
+
+def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Sequence[str] | None = None,
+                corpus_seeds: int = 8, seed: int = 0, force: bool = False,
+                extra_texts: Sequence[str] = ()) -> BuildResult:
+    """Build (or fetch from the cache) a random-init tiny Qwen3 model and its tokenizer.
+
+    Args:
+        preset: a key of :data:`PRESETS` (``nano``, ``tiny``, ``small``).
+        out: where to save; default ``<cache>/<preset>-<content hash>``. An existing complete build
+            at that path with the same content key is reused unless ``force``.
+        env_ids: envs whose oracle conversations and tool schemas train the tokenizer
+            (default: every registered env without requirements such as docker).
+        corpus_seeds: oracle episodes per env for the corpus.
+        seed: torch seed of the random initialisation.
+        force: rebuild even on a cache hit.
+        extra_texts: more tokenizer training text.
+
+    Returns:
+        A :class:`BuildResult`; load with ``AutoModelForCausalLM.from_pretrained(result.path)``.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    t0 = time.perf_counter()
+    config = PRESETS[preset]
+    env_ids = list(env_ids) if env_ids is not None else default_corpus_envs()
+    texts = env_corpus(env_ids, range(corpus_seeds), options=COMPACT_PROMPT_OPTIONS) + list(extra_texts)
+    template = qwen3_chat_template()
+    key = _content_key(preset, config, texts, template, seed)
+    path = Path(out) if out else cache_root() / f"{preset}-{key}"
+    meta_file = path / "trace_model.json"
+    if meta_file.exists() and not force:
+        meta = json.loads(meta_file.read_text())
+        if meta.get("content_key") == key:
+            return BuildResult(path, True, time.perf_counter() - t0, preset, meta["vocab_size"], meta["parameters"])
+
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tok = wrap_tokenizer(train_tokenizer(texts, config.vocab_size), template)
+    vocab = len(tok)
+    # Round the embedding table up to a multiple of 64 (faster matmuls); the extra rows are never produced.
+    padded_vocab = int(math.ceil(vocab / 64) * 64)
+    model_config = Qwen3Config(
+        vocab_size=padded_vocab, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings, rope_theta=10000.0, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), use_cache=True, initializer_range=0.02,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(model_config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")],
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), do_sample=False,
+    )
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    parameters = sum(p.numel() for p in model.parameters())
+    meta = {"content_key": key, "preset": preset, "config": asdict(config), "vocab_size": vocab,
+            "parameters": parameters, "corpus_envs": env_ids, "corpus_texts": len(texts), "seed": seed,
+            "build_version": BUILD_VERSION, "reset_options": {}, "bootstrap": None}
+    (tmp / "trace_model.json").write_text(json.dumps(meta, indent=2))
+    if path.exists():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, path)
+    return BuildResult(path, False, time.perf_counter() - t0, preset, vocab, parameters)
+
+
+def model_metadata(path: str | Path) -> dict:
+    """``trace_model.json`` of a model built here ({} for any other model folder)."""
+    f = Path(path) / "trace_model.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def model_reset_options(path: str | Path) -> dict:
+    """The env reset options a bootstrapped model was trained with (use them for its rollouts)."""
+    return dict(model_metadata(path).get("reset_options") or {})
+
+
+# ----------------------------------------------------------------------------- SFT warm-up
+
+
+@dataclass
+class BootstrapConfig:
+    """Settings of the SFT warm-up on oracle trajectories.
+
+    Attributes:
+        target: env id whose oracle trajectories are the training data.
+        base: a model folder to start from; default: build ``preset`` (with ``target`` in the corpus).
+        preset: size preset used when ``base`` is not given.
+        out: output folder; default ``<cache>/bootstrap-<target>-<hash>``.
+        exclude_scenarios: scenario families (``task_spec()["scenario"]``) left out of training.
+        train_seeds: how many training episodes to collect; seeds start at ``seed_offset`` so that
+            evaluation on small seeds is held out.
+        seed_offset: first training seed.
+        steps: optimiser steps.
+        batch_size: examples (assistant turns) per step.
+        lr: peak learning rate (linear warm-up, cosine decay).
+        warmup_steps: linear warm-up length.
+        max_length: longest example in tokens; longer prompts are cut from the left (system part kept
+            when possible is not attempted: use compact prompts instead).
+        reset_options: options for ``env.reset``; default :data:`COMPACT_PROMPT_OPTIONS`.
+        threads: torch CPU threads (1 is fastest for the tiny presets).
+        seed: torch seed (data order, dropout-free init is fixed by the base).
+        env_kwargs: passed to ``gym.make``.
+    """
+
+    target: str
+    base: str | None = None
+    preset: str = "tiny"
+    out: str | None = None
+    exclude_scenarios: tuple[str, ...] = ()
+    train_seeds: int = 400
+    seed_offset: int = 100_000
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    max_length: int = 2048
+    reset_options: dict | None = None
+    threads: int = 1
+    seed: int = 0
+    env_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.train_seeds < 1:
+            raise ValueError(f"train_seeds must be >= 1, got {self.train_seeds}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        self.exclude_scenarios = tuple(self.exclude_scenarios)
+
+
+def scenario_of(env: Any) -> str | None:
+    """The scenario family of the env's current task (``task_spec()["scenario"]``), if it has one."""
+    try:
+        spec = env.unwrapped.task_spec()
+    except Exception:
+        return None
+    value = spec.get("scenario") if isinstance(spec, dict) else None
+    return str(value) if value is not None else None
+
+
+def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Sequence[str] = (),
+                        reset_options: dict | None = None, env_kwargs: dict | None = None) -> tuple[list[dict], dict]:
+    """Oracle episodes of ``target`` on ``seeds``, without the excluded scenarios.
+
+    Returns:
+        (records, counts) where counts maps each scenario (or ``None``) to kept/excluded/failed numbers.
+    """
+    import gymnasium as gym
+
+    import trace_envs
+    from trace_envs import OracleAgent
+
+    env = gym.make(target, **(env_kwargs or {}))
+    records, counts = [], {}
+    excluded = set(exclude_scenarios)
+    try:
+        for seed in seeds:
+            record = trace_envs.rollout(env, OracleAgent(), seed=seed, options=reset_options)
+            scenario = scenario_of(env)
+            c = counts.setdefault(str(scenario), {"kept": 0, "excluded": 0, "failed": 0})
+            if scenario in excluded:
+                c["excluded"] += 1
+                continue
+            if not record["success"]:
+                c["failed"] += 1  # an oracle that fails is an env bug; never train on it
+                continue
+            record["scenario"] = scenario
+            records.append(record)
+            c["kept"] += 1
+    finally:
+        env.close()
+    return records, counts
+
+
+def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
+    """The generation prompt for the next assistant turn (the same one :class:`HFAgent` uses)."""
+    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                         enable_thinking=False, tokenize=False)
+
+
+def sft_examples(tokenizer, records: list[dict]) -> list[tuple[str, str]]:
+    """(prompt, completion) text pairs: one per assistant turn of each trajectory."""
+    examples = []
+    end = "<|im_end|>"
+    for record in records:
+        messages, tools = record["messages"], record["tools"]
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            prompt = render_prompt(tokenizer, messages[:i], tools)
+            full = tokenizer.apply_chat_template(messages[:i + 1], tools=tools or None, tokenize=False,
+                                                 enable_thinking=False)
+            if not full.startswith(prompt):
+                raise RuntimeError("the chat template is not prefix-preserving for an assistant turn; "
+                                   "cannot build SFT targets")
+            completion = full[len(prompt):]
+            completion = completion[:completion.rindex(end) + len(end)]
+            examples.append((prompt, completion))
+    return examples
+
+
+def _tokenize_examples(tokenizer, examples: list[tuple[str, str]], max_length: int):
+    rows, truncated = [], 0
+    for prompt, completion in examples:
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        c = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        if len(c) >= max_length:
+            continue
+        if len(p) + len(c) > max_length:
+            p = p[len(p) + len(c) - max_length:]
+            truncated += 1
+        rows.append((p, c))
+    return rows, truncated
+
+
+def _lr_at(step: int, cfg: BootstrapConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def plot_loss(losses: list[float], path: Path, title: str) -> None:
+    """Save a loss curve (raw and smoothed) as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot(range(1, len(losses) + 1), losses, lw=0.8, alpha=0.4, label="loss")
+    if len(losses) >= 10:
+        w = max(5, len(losses) // 30)
+        smooth = [sum(losses[max(0, i - w + 1):i + 1]) / len(losses[max(0, i - w + 1):i + 1])
+                  for i in range(len(losses))]
+        ax.plot(range(1, len(losses) + 1), smooth, lw=1.6, label=f"mean of {w}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (completion tokens)")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@dataclass
+class BootstrapResult:
+    """Outcome of :func:`bootstrap_model`."""
+
+    path: Path
+    losses: list[float]
+    examples: int
+    truncated: int
+    scenario_counts: dict
+    seconds: float
+
+
+def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
+                    on_checkpoint: Callable[[int, Any, Any, float], None] | None = None,
+                    checkpoint_every: int = 0) -> BootstrapResult:
+    """SFT warm-up of a tiny model on the target env's oracle trajectories.
+
+    Args:
+        cfg: the settings.
+        progress: show a tqdm bar.
+        on_checkpoint: called as ``fn(step, model, tokenizer, seconds_since_start)`` every
+            ``checkpoint_every`` steps and at the end (the model is in eval mode during the call).
+        checkpoint_every: period of ``on_checkpoint`` in steps (0 = only at the end).
+
+    Returns:
+        A :class:`BootstrapResult`; the model, ``loss.json``, ``loss_curve.png`` and ``trace_model.json``
+        are in ``result.path``.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(max(1, cfg.threads))
+    reset_options = dict(COMPACT_PROMPT_OPTIONS if cfg.reset_options is None else cfg.reset_options)
+    base = cfg.base or str(build_model(cfg.preset, env_ids=sorted(set(default_corpus_envs()) | {cfg.target})).path)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    seeds = range(cfg.seed_offset, cfg.seed_offset + cfg.train_seeds)
+    records, counts = oracle_trajectories(cfg.target, seeds, cfg.exclude_scenarios, reset_options, cfg.env_kwargs)
+    if not records:
+        raise RuntimeError(f"no oracle trajectories of {cfg.target} left to train on (scenario counts: {counts}); "
+                           "check --exclude-scenarios")
+    examples = sft_examples(tokenizer, records)
+    rows, truncated = _tokenize_examples(tokenizer, examples, cfg.max_length)
+    if truncated:
+        logger.warning("%d of %d examples were cut to %d tokens from the left; use compact prompts",
+                       truncated, len(rows), cfg.max_length)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.train()
+    model.config.use_cache = False
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    pad = tokenizer.pad_token_id
+    losses: list[float] = []
+    order: list[int] = []
+    bar = tqdm(range(cfg.steps), desc=f"bootstrap {cfg.target}", disable=not progress, unit="step")
+    for step in bar:
+        batch_idx = []
+        for _ in range(cfg.batch_size):
+            if not order:
+                order = torch.randperm(len(rows), generator=gen).tolist()
+            batch_idx.append(order.pop())
+        batch = [rows[i] for i in batch_idx]
+        width = max(len(p) + len(c) for p, c in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, (p, c) in enumerate(batch):
+            seq = p + c
+            ids[b, :len(seq)] = torch.tensor(seq)
+            labels[b, len(p):len(seq)] = torch.tensor(c)
+            mask[b, :len(seq)] = 1
+        for g in optim.param_groups:
+            g["lr"] = _lr_at(step, cfg)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if on_checkpoint and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+            model.eval()
+            model.config.use_cache = True
+            on_checkpoint(step + 1, model, tokenizer, time.perf_counter() - t0)
+            model.train()
+            model.config.use_cache = False
+    bar.close()
+    model.eval()
+    model.config.use_cache = True
+
+    key = hashlib.sha256(json.dumps({"cfg": asdict(cfg), "base": model_metadata(base).get("content_key", base)},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:12]
+    out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    meta = model_metadata(base)
+    meta.update({"reset_options": reset_options, "bootstrap": {
+        "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
+        "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "examples": len(rows),
+        "truncated": truncated, "scenario_counts": counts, "final_loss": losses[-1],
+        "seconds": time.perf_counter() - t0}})
+    (out / "trace_model.json").write_text(json.dumps(meta, indent=2, default=str))
+    (out / "loss.json").write_text(json.dumps({"loss": losses}, indent=None))
+    plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} turns)")
+    if on_checkpoint:
+        on_checkpoint(cfg.steps, model, tokenizer, time.perf_counter() - t0)
+    return BootstrapResult(out, losses, len(rows), truncated, counts, time.perf_counter() - t0)
