@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -37,6 +38,7 @@ def registered_ids() -> list[str]:
     return [entry.id for entry in trace_envs.registered()]
 
 
+@functools.lru_cache(maxsize=None)
 def _docker_available() -> tuple[bool, str]:
     if importlib.util.find_spec("docker") is None:
         return False, "the docker Python package is not installed (pip install 'trace-rl[swe]')"

@@ -23,7 +23,8 @@ def rollout(env: str | gym.Env, agent: Any, seed: int | None = None, *, max_step
         env_kwargs: passed to ``gym.make`` when ``env`` is an id.
 
     Returns:
-        A dict with ``env_id``, ``seed``, ``agent``, ``messages``, ``tools``, ``reward``,
+        A dict with ``env_id``, ``seed``, ``agent``, ``task`` (the env's ``task_info()``: scenario,
+        needs, ...), ``messages``, ``tools``, ``reward``,
         ``reward_breakdown``, ``success``, ``termination``, ``steps`` and ``timing``.
     """
     owns_env = isinstance(env, str)
@@ -37,6 +38,7 @@ def rollout(env: str | gym.Env, agent: Any, seed: int | None = None, *, max_step
         t0 = time.perf_counter()
         obs, info = env.reset(seed=seed, options=options)
         t_reset = time.perf_counter() - t0
+        task = env.unwrapped.task_info() if hasattr(env.unwrapped, "task_info") else {}
         if hasattr(agent, "reset"):
             agent.reset(env.unwrapped, obs, info)
         total, steps, agent_s, env_s = 0.0, 0, 0.0, 0.0
@@ -58,6 +60,7 @@ def rollout(env: str | gym.Env, agent: Any, seed: int | None = None, *, max_step
             "env_id": env_id,
             "seed": seed,
             "agent": getattr(agent, "name", type(agent).__name__),
+            "task": task,
             "messages": info.get("messages", []),
             "tools": info.get("tools", []),
             "reward": total,

@@ -65,6 +65,7 @@ class TraceEnv(gym.Env):
         ``system_prompt() -> str``: instructions and policy shown before the conversation.
         ``task_spec() -> dict``: the task as JSON-able data; its hash is the task fingerprint.
         ``world_state() -> Any``: the mutable state a tool call may change (for tests and evaluators).
+        ``task_info() -> dict``: small labels of the task (``scenario``, ``difficulty``, ``needs``) for records.
         ``oracle() -> policy``: a ``(observation, info) -> action`` callable that solves this episode.
 
     Class attributes:
@@ -121,6 +122,11 @@ class TraceEnv(gym.Env):
 
     def world_state(self) -> Any:
         return None
+
+    def task_info(self) -> dict:
+        """Small JSON-able labels of the current task (scenario family, difficulty, capabilities it needs),
+        copied into trajectory records so evaluation can break results down by them."""
+        return {}
 
     def oracle(self) -> Policy:
         raise NotImplementedError(f"{type(self).__name__} has no oracle")

@@ -321,7 +321,8 @@ def validate_value(value: Any, schema: dict, path: str, problems: list[str]) -> 
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             validate_value(item, schema["items"], f"{path}[{i}]", problems)
-    elif isinstance(value, dict) and schema.get("type") == "object":
+    elif isinstance(value, dict) and "object" in (expected if isinstance(expected, list) else [expected]):
+        # (also for nullable objects, whose "type" is ["object", "null"])
         props = schema.get("properties")
         if props is not None:
             for key in schema.get("required", ()):

@@ -1,0 +1,37 @@
+# The two commands of the README:
+#   make demo   set up, then run the main job on the embedded default
+#   make test   set up (Python packages, and Docker for the repository tasks), then run the test suite
+# `make setup` alone creates .venv with everything but vLLM (a GPU extra).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup docker demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[all]'
+	touch $@
+
+docker:
+	bash scripts/setup_docker.sh
+
+demo: setup
+	$(VENV)/bin/trace demo
+
+test: setup docker
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
