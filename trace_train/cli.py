@@ -27,6 +27,10 @@ from trace_train.commands import CommandError
 #: a dotted name is imported as written.
 COMMAND_MODULES: list[str] = [
     "envs",
+    "demo",
+    "model",
+    "rollout",
+    "eval",
 ]
 
 #: Packages of this project: an ImportError naming one of them is a bug, never a missing extra.
@@ -69,18 +73,12 @@ def _missing_dependency(exc: ImportError) -> str | None:
     return missing
 
 
-def _unavailable(subparsers, verb: str, module: str, exc: ImportError, missing: str) -> None:
-    """Register a placeholder verb that explains the missing dependency when used."""
+def _unavailable(subparsers, verb: str, module: str, exc: ImportError, missing: str) -> str:
+    """Register a placeholder verb for a module that cannot load; returns the message shown when it is used."""
     extra = _EXTRA_OF.get(missing)
     fix = f"pip install 'trace-rl[{extra}]'" if extra else f"pip install {missing}"
-    message = f"`trace {verb}` is unavailable: {exc} (needed by {module}). Fix: {fix}"
-
-    def run(args: argparse.Namespace) -> int:
-        raise CommandError(message)
-
-    parser = subparsers.add_parser(verb, help=f"(unavailable: missing {missing!r}; {fix})", add_help=False)
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
-    parser.set_defaults(func=run)
+    subparsers.add_parser(verb, help=f"(unavailable: missing {missing!r}; {fix})", add_help=False)
+    return f"`trace {verb}` is unavailable: {exc} (needed by {module}). Fix: {fix}"
 
 
 def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -88,10 +86,18 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
     parser = _Parser(
         prog="trace",
         description="TRACE: turn an agent's recurring failures into targeted training environments.",
-        epilog="Run `trace <command> --help` for a command's options.",
+        epilog=("examples:\n"
+                "  trace envs list\n"
+                "  trace envs show examples/warehouse_stock-v0 --seed 3 --registry examples\n"
+                "  trace envs check examples/warehouse_stock-v0 --registry examples\n\n"
+                "Run `trace <command> --help` for a command's options. Workspace registries: --registry PATH "
+                "or TRACE_REGISTRY=path[:path...]."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"trace {_version()}")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
+    #: verb -> why it cannot run (its module's optional dependency is missing)
+    parser.unavailable = {}
     for name in COMMAND_MODULES if modules is None else modules:
         path = _module_path(name)
         try:
@@ -100,7 +106,8 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
             missing = _missing_dependency(exc)
             if missing is None:
                 raise
-            _unavailable(subparsers, path.rsplit(".", 1)[-1], path, exc, missing)
+            verb = path.rsplit(".", 1)[-1]
+            parser.unavailable[verb] = _unavailable(subparsers, verb, path, exc, missing)
             continue
         module.register(subparsers)
     parser.set_defaults(func=None, _parser=parser)
@@ -121,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     stderr and return 2; a failed check or run returns 1.
     """
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    if verb in parser.unavailable:
+        print(f"trace: error: {parser.unavailable[verb]}", file=sys.stderr)
+        return 2
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors

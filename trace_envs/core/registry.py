@@ -15,8 +15,10 @@ conformance checker import them fully.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -24,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
 KINDS = ("target", "capability")
@@ -128,6 +129,37 @@ def validate_entry(raw: Any, source: str, index: int, import_entry_point: bool =
                     source=source)
 
 
+def _cache_path(text: str) -> Path:
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+    root = Path(os.environ.get("TRACE_CACHE", Path.home() / ".cache" / "trace"))
+    return root / "registry" / f"{digest}.json"
+
+
+def _load_yaml(path: Path, source: str) -> Any:
+    """Parse a registry file. The parsed form is cached as JSON keyed by the file's content hash, because
+    importing PyYAML alone costs more than the rest of ``import trace_envs`` adds to gymnasium's import."""
+    text = path.read_text(encoding="utf-8")
+    cache = _cache_path(text)
+    try:
+        return json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{source}: not valid YAML ({exc}). Fix: the file must be a YAML list of entries") from exc
+    try:  # a read-only home or cache folder only costs speed
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, cache)
+    except (OSError, TypeError, ValueError):
+        pass
+    return data
+
+
 def read_registry(path: str | os.PathLike, import_entry_points: bool = False) -> list[EnvEntry]:
     """Read and validate one registry file (or a folder holding ``registry.yaml``)."""
     path = Path(path)
@@ -137,11 +169,7 @@ def read_registry(path: str | os.PathLike, import_entry_points: bool = False) ->
     if not path.is_file():
         raise RegistryError(f"{source}: registry file not found. Fix: point TRACE_REGISTRY at a registry.yaml "
                             "or a folder that holds one")
-    try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
-    except yaml.YAMLError as exc:
-        raise RegistryError(f"{source}: not valid YAML ({exc}). Fix: the file must be a YAML list of entries") from exc
+    data = _load_yaml(path, source)
     if data is None:
         return []
     if not isinstance(data, list):
