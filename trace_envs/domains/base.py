@@ -182,6 +182,12 @@ class TauEnv(TraceEnv):
     def task_spec(self) -> dict:
         return self.task.to_dict() if self.task else {}
 
+    def task_info(self) -> dict:
+        if self.task is None:
+            return {}
+        return {"task_id": self.task.task_id, "scenario": self.task.scenario, "needs": sorted(self.task.needs),
+                "n_requests": len(self.task.requests)}
+
     def world_state(self) -> dict:
         return self.db.changes if self.db is not None else {}
 
