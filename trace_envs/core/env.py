@@ -31,7 +31,6 @@ from .conversation import (
     tool_call_entry,
     tool_message,
     tool_response_text,
-    tools_block,
     user_message,
 )
 from .parsing import MAX_ACTION_CHARS, ParsedAction, parse_action
@@ -174,7 +173,7 @@ class TraceEnv(gym.Env):
         parts = [prompt] if prompt else []
         if self._toolset.schemas:
             parts.append("# Tools\nCall a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
-                         + tools_block(self._toolset.schemas))
+                         + self._toolset.prompt_block())
         parts.append(opening)
         return "\n\n".join(parts), self._info()
 

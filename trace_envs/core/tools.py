@@ -381,6 +381,9 @@ def truncate(text: str, limit: int) -> str:
     return text[:limit] + f"\n… [output truncated: {len(text) - limit} more characters]"
 
 
+_TOOLSET_CACHE: dict[tuple[type, tuple[str, ...]], tuple[dict, list, dict]] = {}
+
+
 class ToolSet:
     """The tools of one provider object (an env, or a toolkit such as a domain's tools).
 
@@ -393,9 +396,23 @@ class ToolSet:
     def __init__(self, provider: Any, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, exclude: tuple[str, ...] = ()):
         self.provider = provider
         self.max_output_chars = max_output_chars
-        all_specs = tool_specs(type(provider))
-        self.specs = {n: s for n, s in all_specs.items() if n not in exclude} if exclude else all_specs
-        self.schemas = [s.openai_schema for s in self.specs.values()]
+        key = (type(provider), tuple(exclude))
+        cached = _TOOLSET_CACHE.get(key)
+        if cached is None:
+            all_specs = tool_specs(type(provider))
+            specs = {n: s for n, s in all_specs.items() if n not in exclude} if exclude else all_specs
+            cached = _TOOLSET_CACHE[key] = (specs, [s.openai_schema for s in specs.values()], {})
+        # Shared by every ToolSet of the same class (reset builds one per episode): treat as read-only.
+        self.specs, self.schemas, self._rendered = cached
+
+    def prompt_block(self) -> str:
+        """The tool list as Hermes ``<tools>`` text (rendered once per provider class)."""
+        text = self._rendered.get("block")
+        if text is None:
+            from .conversation import tools_block
+
+            text = self._rendered["block"] = tools_block(self.schemas)
+        return text
 
     @property
     def names(self) -> list[str]:
