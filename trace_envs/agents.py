@@ -126,3 +126,4 @@ def make_agent(name: str, **kwargs: Any) -> Any:
 
 register_agent("oracle", OracleAgent)
 register_agent("random", RandomAgent)
+register_agent_module("trace_envs.swe.agents")  # SWE planted-deficit agents (lazy: no docker/libcst at import)

@@ -219,18 +219,32 @@ CHECKS: list[tuple[str, Callable[[str, dict, list[int]], str]]] = [
 ]
 
 
-def check_trace_env(env_id: str, *, n_seeds: int = 20, env_kwargs: dict | None = None,
+#: Seeds checked by default; environments that start containers (``requires: [docker]``) get fewer,
+#: since each of their episodes costs seconds rather than milliseconds.
+DEFAULT_SEEDS = 20
+SANDBOXED_SEEDS = 4
+
+
+def check_trace_env(env_id: str, *, n_seeds: int | None = None, env_kwargs: dict | None = None,
                     only: list[str] | None = None) -> CheckReport:
     """Run every conformance check on ``env_id`` and return a report (``report.raise_if_failed()``).
 
     Args:
         env_id: a registered id, e.g. ``"trace/tau_airline-v0"``.
-        n_seeds: how many seeds the oracle and seed checks use.
+        n_seeds: how many seeds the oracle and seed checks use (default: 20, or 4 for
+            environments whose registry entry requires docker).
         env_kwargs: extra keyword arguments for ``gym.make``.
         only: run only the checks with these names.
     """
     import trace_envs  # noqa: F401 - registers the ids
+    from .registry import get_entry
 
+    if n_seeds is None:
+        try:
+            sandboxed = "docker" in get_entry(env_id).requires
+        except KeyError:
+            sandboxed = False
+        n_seeds = SANDBOXED_SEEDS if sandboxed else DEFAULT_SEEDS
     seeds = list(range(n_seeds))
     report = CheckReport(env_id)
     for name, fn in CHECKS:

@@ -1,0 +1,491 @@
+"""Sandboxes that run an agent's commands against a repository.
+
+``DockerSandbox`` is the default: one container per episode from the
+repository's image (see :mod:`trace_envs.swe.images`), started with no
+network, every capability dropped, ``no-new-privileges``, a non-root user and
+memory, CPU and pid limits. Commands go through one persistent ``bash``
+attached over the Docker API (a round trip costs well under a millisecond
+instead of ~60 ms per ``docker exec``); each command has a timeout (coreutils
+``timeout`` inside, a read deadline outside) and its output is capped. Files
+are streamed in as tar archives.
+
+Every container carries the label ``org.trace.sandbox`` and the owner's pid;
+it is removed on ``close()``, at interpreter exit (``atexit``), and by
+``trace swe cleanup`` (:func:`cleanup_containers`). As a last resort the
+container's main process is ``sleep MAX_LIFETIME_S``, so a container whose
+owner was killed with SIGKILL exits by itself and the engine removes it.
+
+``LocalSandbox`` runs commands in a temporary directory with ``subprocess``
+(inside ``bwrap`` with no network when bubblewrap is installed). It offers no
+real isolation and says so with a warning; it exists for machines without
+Docker and must be chosen explicitly.
+
+The docker package is imported only when a ``DockerSandbox`` is created.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import logging
+import os
+import shlex
+import shutil
+import socket
+import struct
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .images import LABEL, docker_client
+
+logger = logging.getLogger(__name__)
+
+WORKDIR = "/testbed"
+#: A container whose owner vanished exits after this many seconds (and is auto-removed).
+MAX_LIFETIME_S = 3 * 3600
+DEFAULT_OUTPUT_CAP = 20_000
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (container gone, shell died, engine unreachable) — not the agent's command."""
+
+
+@dataclass
+class CommandResult:
+    """What one command produced. ``output`` is stdout and stderr interleaved, capped."""
+
+    exit_code: int
+    output: str
+    timed_out: bool = False
+    seconds: float = 0.0
+    truncated: bool = False
+
+
+@dataclass
+class SandboxLimits:
+    """Resource limits of one container.
+
+    Attributes:
+        memory: memory limit (docker syntax, e.g. "2g"); swap is disabled by setting memswap to the same.
+        cpus: CPU quota in cores.
+        pids: maximum number of processes (a fork bomb stops here).
+        nofile: open-file limit.
+        user: uid:gid the commands run as (not root).
+    """
+
+    memory: str = "2g"
+    cpus: float = 1.0
+    pids: int = 256
+    nofile: int = 4096
+    user: str = "1000:1000"
+
+
+def _tar_bytes(files: dict[str, bytes | str], uid: int = 1000) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, data in sorted(files.items()):
+            blob = data.encode("utf-8") if isinstance(data, str) else data
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(blob), 0o644, uid, uid, time.time()
+            tar.addfile(info, io.BytesIO(blob))
+    return buf.getvalue()
+
+
+class Sandbox:
+    """The interface the SWE environments use: run a command, write files, close."""
+
+    kind = "abstract"
+    workdir = WORKDIR
+
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+        raise NotImplementedError
+
+    def write_files(self, files: dict[str, bytes | str]) -> None:
+        """Write files (paths relative to the repository root), creating directories as needed."""
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------ Docker
+
+_LIVE: dict[str, "DockerSandbox"] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _remove_container(client, container_id: str) -> None:
+    import docker
+
+    try:
+        client.api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # 409: removal already in progress (auto-remove)
+            logger.warning("could not remove container %s: %s", container_id[:12], exc)
+
+
+def _close_all_at_exit() -> None:
+    with _LIVE_LOCK:
+        boxes = list(_LIVE.values())
+    for box in boxes:
+        try:
+            box.close()
+        except Exception:  # best effort at interpreter exit
+            pass
+
+
+atexit.register(_close_all_at_exit)
+
+
+class DockerSandbox(Sandbox):
+    """A locked-down container with a persistent shell in the repository root.
+
+    Args:
+        image: the repository image (``images.build_repo_image``).
+        limits: resource limits.
+        client: a docker SDK client (default: ``docker.from_env()``).
+        labels: extra labels (the sandbox label and owner pid are always set).
+    """
+
+    kind = "docker"
+    _MARK = "__TRACE_DONE_"
+
+    def __init__(self, image: str, limits: SandboxLimits | None = None, client=None, labels: dict | None = None):
+        self.image = image
+        self.limits = limits or SandboxLimits()
+        self.client = client or docker_client()
+        self._lock = threading.Lock()
+        self._sock = None
+        self._buf = b""
+        self.container_id: str | None = None
+        self._closed = False
+        all_labels = {LABEL: "1", "org.trace.pid": str(os.getpid()), **(labels or {})}
+        lim = self.limits
+        try:
+            container = self.client.containers.run(
+                image, ["sleep", str(MAX_LIFETIME_S)], detach=True, auto_remove=True, init=True,
+                network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], user=lim.user,
+                mem_limit=lim.memory, memswap_limit=lim.memory, nano_cpus=int(lim.cpus * 1e9),
+                pids_limit=lim.pids, labels=all_labels, working_dir=WORKDIR,
+                ulimits=[self._ulimit("nofile", lim.nofile)], name=f"trace-swe-{uuid.uuid4().hex[:12]}")
+        except Exception as exc:
+            raise SandboxError(f"could not start a container from {image}: {exc}") from exc
+        self.container_id = container.id
+        with _LIVE_LOCK:
+            _LIVE[self.container_id] = self
+        try:
+            self._open_shell()
+        except Exception:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ulimit(name: str, value: int):
+        import docker
+
+        return docker.types.Ulimit(name=name, soft=value, hard=value)
+
+    def _open_shell(self) -> None:
+        api = self.client.api
+        exec_id = api.exec_create(self.container_id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
+                                  stderr=True, tty=False, workdir=WORKDIR)["Id"]
+        sock = api.exec_start(exec_id, socket=True, tty=False)
+        self._sock = getattr(sock, "_sock", sock)
+        self._buf = b""
+
+    # -- the persistent shell's framing: docker multiplexes stdout/stderr in 8-byte-header frames
+    def _read_frame(self, deadline: float) -> bytes:
+        while True:
+            if len(self._buf) >= 8:
+                size = struct.unpack(">I", self._buf[4:8])[0]
+                if len(self._buf) >= 8 + size:
+                    payload, self._buf = self._buf[8:8 + size], self._buf[8 + size:]
+                    return payload
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._sock.settimeout(remaining)
+            try:
+                chunk = self._sock.recv(65536)
+            except socket.timeout as exc:
+                raise TimeoutError from exc
+            except OSError as exc:
+                raise SandboxError(f"the sandbox shell connection broke ({exc})") from exc
+            if not chunk:
+                raise SandboxError("the sandbox shell exited (was the container stopped or killed?)")
+            self._buf += chunk
+
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+        """Run ``command`` with bash in the repository root; never longer than ``timeout`` seconds."""
+        if self._closed or self._sock is None:
+            raise SandboxError("the sandbox is closed")
+        token = uuid.uuid4().hex[:16]
+        mark = f"{self._MARK}{token}"
+        secs = max(1, int(timeout + 0.999))
+        # Output goes through head -c so a flood cannot fill memory; the exit code of the command itself
+        # (PIPESTATUS[0]) is reported after a unique marker. timeout -k kills what ignores SIGTERM.
+        wrapped = (f"cd {WORKDIR} 2>/dev/null; timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null 2>&1 "
+                   f"| head -c {max_output + 1}; __trc=${{PIPESTATUS[0]}}; echo; echo {mark} $__trc\n")
+        t0 = time.monotonic()
+        with self._lock:
+            try:
+                self._sock.sendall(wrapped.encode("utf-8"))
+            except OSError as exc:
+                raise SandboxError(f"the sandbox shell is gone ({exc})") from exc
+            deadline = t0 + secs + 10
+            out = b""
+            needle = mark.encode()
+            try:
+                while True:  # until the marker line is complete
+                    at = out.find(needle)
+                    if at >= 0 and out.find(b"\n", at) >= 0:
+                        break
+                    out += self._read_frame(deadline)
+            except TimeoutError as exc:
+                self._sock = None  # the shell is stuck: this sandbox cannot be trusted any more
+                raise SandboxError(f"the sandbox did not answer within {secs + 10}s") from exc
+        text = out.decode("utf-8", errors="replace")
+        body, _, tail = text.partition(mark)
+        try:
+            code = int(tail.strip().split()[0])
+        except (ValueError, IndexError):
+            code = -1
+        body = body[:-1] if body.endswith("\n") else body  # the echo after head
+        truncated = len(body) > max_output
+        if truncated:
+            body = body[:max_output] + f"\n… [output truncated at {max_output} characters]"
+        timed_out = code in (124, 137)
+        if timed_out:
+            body += f"\n[command timed out after {secs}s and was killed]"
+        return CommandResult(code, body, timed_out, time.monotonic() - t0, truncated)
+
+    def write_files(self, files: dict[str, bytes | str]) -> None:
+        if not files:
+            return
+        dirs = sorted({os.path.dirname(p) for p in files if os.path.dirname(p)})
+        if dirs:
+            self.run("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=10)
+        try:
+            ok = self.client.api.put_archive(self.container_id, WORKDIR, _tar_bytes(files))
+        except Exception as exc:
+            raise SandboxError(f"could not copy files into the sandbox: {exc}") from exc
+        if not ok:
+            raise SandboxError("could not copy files into the sandbox")
+
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        try:
+            return self.client.api.inspect_container(self.container_id)["State"]["Running"]
+        except Exception:
+            return False
+
+    def kill(self) -> None:
+        """Kill the container (used by tests to simulate a crash mid-episode)."""
+        self.client.api.kill(self.container_id)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+        if self.container_id:
+            _remove_container(self.client, self.container_id)
+            with _LIVE_LOCK:
+                _LIVE.pop(self.container_id, None)
+
+    def __repr__(self) -> str:
+        return f"DockerSandbox({self.image}, {str(self.container_id)[:12]})"
+
+
+def open_sandbox_ids() -> list[str]:
+    """Ids of the containers this process has started and not yet removed."""
+    with _LIVE_LOCK:
+        return list(_LIVE)
+
+
+def labelled_containers(client=None, all_owners: bool = True) -> list:
+    """Containers carrying the TRACE sandbox label (of every process, or only this one's)."""
+    client = client or docker_client()
+    filters = {"label": [LABEL]}
+    if not all_owners:
+        filters["label"].append(f"org.trace.pid={os.getpid()}")
+    return client.containers.list(all=True, filters=filters)
+
+
+def cleanup_containers(client=None, only_dead_owners: bool = False) -> int:
+    """Remove labelled containers; returns how many. ``only_dead_owners`` spares those of live processes."""
+    client = client or docker_client()
+    removed = 0
+    for container in labelled_containers(client):
+        if only_dead_owners:
+            pid = container.labels.get("org.trace.pid", "")
+            if pid.isdigit() and Path(f"/proc/{pid}").exists():
+                continue
+        _remove_container(client, container.id)
+        removed += 1
+    return removed
+
+
+class ContainerPool:
+    """Keeps ``size`` started sandboxes of one image ready, refilled in a background thread.
+
+    A pooled container is used by one episode only and removed after it; the pool trades a
+    few idle containers for a reset that skips container start-up.
+    """
+
+    def __init__(self, factory, size: int = 1):
+        self.factory, self.size = factory, size
+        self._ready: list[Sandbox] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._filling = 0
+        self._refill()
+
+    def _refill(self) -> None:
+        with self._cv:
+            need = self.size - len(self._ready) - self._filling
+            self._filling += max(0, need)
+        for _ in range(max(0, need)):
+            threading.Thread(target=self._add_one, daemon=True).start()
+
+    def _add_one(self) -> None:
+        box = None
+        try:
+            box = self.factory()
+        except Exception as exc:
+            logger.warning("warm pool: could not start a sandbox: %s", exc)
+        with self._cv:
+            self._filling -= 1
+            if box is not None:
+                if self._closed:
+                    box.close()
+                else:
+                    self._ready.append(box)
+            self._cv.notify_all()
+
+    def acquire(self, wait_s: float = 0.0) -> Sandbox:
+        """A ready sandbox (waiting up to ``wait_s`` for one being started), else a new one."""
+        deadline = time.monotonic() + wait_s
+        box = None
+        with self._cv:
+            while not self._ready and self._filling and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+            if self._ready:
+                box = self._ready.pop(0)
+        self._refill()
+        if box is not None and box.alive():
+            return box
+        if box is not None:
+            box.close()
+        return self.factory()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the pool is full (benchmarks use this to measure a warm reset)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while len(self._ready) < self.size and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            boxes, self._ready = self._ready, []
+        for box in boxes:
+            box.close()
+
+    def open_resources(self) -> list[str]:
+        with self._cv:
+            return [repr(b) for b in self._ready] + ([f"{self._filling} starting"] if self._filling else [])
+
+
+# ------------------------------------------------------------------------------------------ local
+
+class LocalSandbox(Sandbox):
+    """A temporary copy of the repository and ``subprocess`` (in ``bwrap`` without network when installed).
+
+    Not a security boundary: agent commands run as the current user. Choose it explicitly
+    (``sandbox="local"``) on machines without Docker.
+
+    Args:
+        source_dir: the clean repository to copy.
+        python_path: directories (relative to the repository) put on ``PYTHONPATH``.
+        requirements_dir: a directory of installed dependencies to add to ``PYTHONPATH``.
+    """
+
+    kind = "local"
+
+    def __init__(self, source_dir: Path, python_path: list[str] | None = None, requirements_dir: Path | None = None):
+        warnings.warn("LocalSandbox runs agent commands on this machine without container isolation "
+                      + ("(bubblewrap: no network, read-only system)" if shutil.which("bwrap") else
+                         "(bubblewrap not installed: no isolation at all)"), RuntimeWarning, stacklevel=2)
+        self._tmp = tempfile.mkdtemp(prefix="trace-swe-local-")
+        self.root = Path(self._tmp) / "testbed"
+        shutil.copytree(source_dir, self.root, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+        self.workdir = str(self.root)
+        lib = Path(self._tmp) / "lib"
+        lib.mkdir()
+        shutil.copy(Path(__file__).with_name("pytest_report.py"), lib / "trace_pytest_report.py")
+        paths = [str(lib)] + ([str(requirements_dir)] if requirements_dir else [])
+        paths += [str(self.root / p) for p in (python_path or ["."])]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1",
+                    "TRACE_PYTEST_REPORT": str(Path(self._tmp) / "report.json")}
+        self._bwrap = shutil.which("bwrap")
+        self._closed = False
+
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        argv = ["bash", "-c", command]
+        if self._bwrap:
+            argv = [self._bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--bind", self._tmp, self._tmp, "--dev", "/dev",
+                    "--proc", "/proc", "--unshare-net", "--die-with-parent", "--chdir", self.workdir] + argv
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(argv, cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, timeout=timeout, stdin=subprocess.DEVNULL)
+            code, out, timed_out = proc.returncode, proc.stdout, False
+        except subprocess.TimeoutExpired as exc:
+            code, out, timed_out = 124, exc.stdout or b"", True
+        text = out.decode("utf-8", errors="replace")
+        truncated = len(text) > max_output
+        if truncated:
+            text = text[:max_output] + f"\n… [output truncated at {max_output} characters]"
+        return CommandResult(code, text, timed_out, time.monotonic() - t0, truncated)
+
+    def write_files(self, files: dict[str, bytes | str]) -> None:
+        for rel, data in files.items():
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+    def alive(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            shutil.rmtree(self._tmp, ignore_errors=True)

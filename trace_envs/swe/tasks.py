@@ -1,0 +1,410 @@
+"""Task instances: bugs validated by the repository's own tests, cached as SWE-smith-style JSON.
+
+Pipeline (``trace swe validate``, ``bench/swe_yield.py``):
+
+1. :func:`~trace_envs.swe.mutations.sample_mutations` proposes candidate bugs from a seed;
+2. in one sandbox per repository, the clean suite runs twice — tests whose status differs are
+   flaky and excluded; each candidate file is written in, the suite runs, the file is restored;
+3. ``FAIL_TO_PASS`` = passed in both clean runs and not passed with the bug; ``PASS_TO_PASS`` =
+   passed in all runs. Only statuses pytest reported explicitly count (the report plugin; a
+   test missing from the report is a failure). A bug is kept with ≥ 1 of each;
+4. combinations of validated bugs (different functions) are validated again as harder tasks;
+5. the instance gets an issue text built from the failing behaviour (test names and error
+   messages, never the location or the fix) and is stored as one JSON object per line.
+
+Instance fields (SWE-smith's): ``instance_id``, ``repo``, ``base_commit`` (content hash of the
+clean tree), ``patch`` (the diff that *introduces* the bug, as in SWE-smith; the gold fix is its
+reverse), ``FAIL_TO_PASS``, ``PASS_TO_PASS``, ``image_name``, ``problem_statement``; plus TRACE's
+``mutations`` (family, file, function, line of each bug), ``gold_patch`` and ``validation``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .images import cache_dir
+from .mutations import FAMILIES, Mutation, sample_mutations, unified_diff
+from .repos import PROTECTED_NAMES, Repo
+
+PACKAGED_INSTANCES = Path(__file__).parent / "data" / "instances"
+GIT_IDENTITY = "-c user.name=trace -c user.email=trace@localhost -c commit.gpgsign=false"
+
+
+# ------------------------------------------------------------------------------------------ patches
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_patch(patch: str) -> dict[str, list[tuple[list[str], list[str]]]]:
+    """``{path: [(old_lines, new_lines), ...]}`` from a unified diff (a/ b/ prefixes)."""
+    out: dict[str, list[tuple[list[str], list[str]]]] = {}
+    path, old, new, prev = None, None, None, ""
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("--- "):
+            continue
+        if line.startswith("+++ "):
+            path = line[4:].strip()
+            path = path[2:] if path.startswith("b/") else path
+            out.setdefault(path, [])
+            continue
+        if line.startswith("@@"):
+            old, new = [], []
+            out[path].append((old, new))
+            continue
+        if old is None:
+            continue
+        if line.startswith("\\"):  # "\ No newline at end of file" applies to the previous line
+            targets = {"-": (old,), "+": (new,), " ": (old, new)}.get(prev, ())
+            for block in targets:
+                if block and block[-1].endswith("\n"):
+                    block[-1] = block[-1][:-1]
+            continue
+        prev = line[:1]
+        body = line[1:]
+        if prev == " ":
+            old.append(body)
+            new.append(body)
+        elif prev == "-":
+            old.append(body)
+        elif prev == "+":
+            new.append(body)
+    return out
+
+
+def apply_patch(files: dict[str, str], patch: str, reverse: bool = False) -> dict[str, str]:
+    """Apply a unified diff to ``files``; returns the changed files' new contents. Raises ValueError if a hunk misses."""
+    changed: dict[str, str] = {}
+    for path, hunks in parse_patch(patch).items():
+        text = changed.get(path, files[path])
+        for old, new in hunks:
+            if reverse:
+                old, new = new, old
+            before, after = "".join(old), "".join(new)
+            if before not in text:
+                raise ValueError(f"patch does not apply to {path}")
+            text = text.replace(before, after, 1)
+        changed[path] = text
+    return changed
+
+
+def replacements(before: str, after: str, context: int = 1) -> list[tuple[str, str]]:
+    """Minimal (old, new) text replacements turning ``before`` into ``after``, each old snippet unique in ``before``."""
+    import difflib
+
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    out = []
+    for tag, i1, i2, j1, j2 in reversed(difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()):
+        if tag == "equal":
+            continue
+        for ctx in range(context, 50):
+            lo, hi = max(0, i1 - ctx), min(len(a), i2 + ctx)
+            old = "".join(a[lo:hi])
+            if old and before.count(old) == 1:
+                new = "".join(a[lo:i1]) + "".join(b[j1:j2]) + "".join(a[i2:hi])
+                out.append((old, new))
+                break
+        else:
+            raise ValueError("no unique context for a change")
+    # applied one after another, bottom-up changes first keep earlier snippets intact
+    return out
+
+
+# ------------------------------------------------------------------------------------------ running tests
+
+@dataclass
+class TestRun:
+    """Statuses of one pytest run, as the report plugin recorded them."""
+
+    statuses: dict[str, str]
+    output: str
+    seconds: float
+    exit_code: int
+    collect_errors: list[str] = field(default_factory=list)
+
+    def passed(self, test: str) -> bool:
+        return self.statuses.get(test) == "passed"
+
+
+def run_tests(sandbox, repo: Repo, tests: list[str] | None = None, timeout: float = 120.0,
+              max_output: int = 8000) -> TestRun:
+    """Run pytest in ``sandbox`` and read the explicit per-test statuses."""
+    t0 = time.monotonic()
+    result = sandbox.run(repo.pytest_command(tests) + " -rfE", timeout=timeout, max_output=max_output)
+    report = sandbox.run('cat "$TRACE_PYTEST_REPORT" 2>/dev/null', timeout=30, max_output=20_000_000)
+    try:
+        data = json.loads(report.output) if report.exit_code == 0 else {}
+    except json.JSONDecodeError:
+        data = {}
+    return TestRun(statuses=dict(data.get("tests", {})), output=result.output, seconds=time.monotonic() - t0,
+                   exit_code=result.exit_code, collect_errors=list(data.get("collect_errors", [])))
+
+
+def prepare_sandbox(sandbox, files: dict[str, str]) -> None:
+    """Write the instance's bugged files and make the tree a one-commit git repository (no history of the fix)."""
+    sandbox.write_files(files)
+    res = sandbox.run(f"rm -rf .git && git init -q && printf '__pycache__/\\n*.pyc\\n' > .git/info/exclude && "
+                      f"git add -A --force && git {GIT_IDENTITY} commit -qm 'base' && git rev-parse HEAD", timeout=60)
+    if res.exit_code != 0:
+        from .sandbox import SandboxError
+
+        raise SandboxError(f"could not prepare the repository in the sandbox: {res.output[-500:]}")
+
+
+def protected_pathspecs(repo: Repo) -> list[str]:
+    """git pathspecs of what an agent's edits may not change for the reward (tests, test config, import hooks)."""
+    specs = [f":(exclude){p}" for p in repo.spec.test_paths]
+    specs += [f":(exclude){p}" for p in repo.test_files]
+    specs += [f":(exclude,glob)**/{name}" for name in sorted(PROTECTED_NAMES)]
+    specs += [":(exclude,glob)**/*.pth"]
+    return specs
+
+
+def evaluate_in_sandbox(sandbox, repo: Repo, instance: dict, timeout: float = 300.0,
+                        skip_if_unchanged: bool = True) -> tuple[float, dict]:
+    """The reward of the sandbox's current tree: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes
+    after test files are restored (only the agent's changes to non-test files are kept)."""
+    # Re-hash every file (rm --cached): the stat cache can miss an edit of equal size within one second.
+    full = sandbox.run("git rm -r -q --cached . >/dev/null 2>&1; git add -A --force >/dev/null 2>&1; git diff --cached HEAD",
+                       timeout=60, max_output=2_000_000)
+    if skip_if_unchanged and not full.output.strip():
+        return 0.0, {"reason": "no_changes", "model_patch": "", "FAIL_TO_PASS": {}, "PASS_TO_PASS": {}}
+    keep = " ".join(shlex.quote(s) for s in protected_pathspecs(repo))
+    res = sandbox.run(f"git diff --cached --binary HEAD -- . {keep} > /tmp/trace_src.patch && "
+                      "git reset -q --hard HEAD && git clean -qfd && "
+                      "(test ! -s /tmp/trace_src.patch || git apply --whitespace=nowarn /tmp/trace_src.patch)",
+                      timeout=60)
+    breakdown: dict = {"model_patch": full.output[:50_000]}
+    if res.exit_code != 0:
+        breakdown["reason"] = "patch_apply_failed"
+        breakdown["detail"] = res.output[-500:]
+        return 0.0, breakdown
+    run = run_tests(sandbox, repo, timeout=timeout)
+    f2p = {t: run.statuses.get(t, "missing") for t in instance["FAIL_TO_PASS"]}
+    p2p = {t: run.statuses.get(t, "missing") for t in instance["PASS_TO_PASS"]}
+    ok_f2p = sum(s == "passed" for s in f2p.values())
+    ok_p2p = sum(s == "passed" for s in p2p.values())
+    breakdown.update({"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "f2p_passed": f"{ok_f2p}/{len(f2p)}",
+                      "p2p_passed": f"{ok_p2p}/{len(p2p)}", "tests_seconds": round(run.seconds, 3)})
+    reward = float(ok_f2p == len(f2p) and ok_p2p == len(p2p))
+    return reward, breakdown
+
+
+# ------------------------------------------------------------------------------------------ issue text
+
+_FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
+
+
+def problem_statement(repo: Repo, f2p: list[str], bug_output: str, max_tests: int = 3) -> str:
+    """An issue from the failing behaviour: which tests fail and how — never where the bug is or how to fix it."""
+    messages = {}
+    for line in bug_output.splitlines():
+        m = _FAIL_LINE.match(line.strip())
+        if m:
+            messages[m.group(2)] = (m.group(3) or "").strip()
+    shown = f2p[:max_tests]
+    lines = [f"Tests in `{repo.spec.key}` started failing",
+             "",
+             f"After a recent change, {len(f2p)} test{'s' if len(f2p) != 1 else ''} of the suite fail"
+             f"{'' if len(f2p) <= max_tests else f' (showing {max_tests})'}:", ""]
+    for test in shown:
+        msg = messages.get(test, "")
+        lines.append(f"- `{test}`" + (f": `{msg[:300]}`" if msg else ""))
+    lines += ["", "The rest of the test suite still passes. Please find the cause in the library's code and fix it "
+              "so that these tests pass again, without changing the tests."]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+@dataclass
+class YieldStats:
+    """Numbers for the yield table (bench/swe_yield.py)."""
+
+    repo: str
+    candidates: int = 0
+    valid: int = 0
+    f2p_counts: list[int] = field(default_factory=list)
+    p2p_counts: list[int] = field(default_factory=list)
+    validation_seconds: list[float] = field(default_factory=list)
+    flaky: int = 0
+    combined: int = 0
+
+
+def _instance_id(repo: Repo, mutations: list[Mutation]) -> str:
+    digest = hashlib.sha256("".join(m.patch for m in mutations).encode()).hexdigest()[:8]
+    family = "+".join(m.site.family for m in mutations)
+    return f"{repo.spec.key}.{family}__{digest}"
+
+
+def validate_candidates(repo: Repo, sandbox, mutations: list[Mutation], *, combine: int = 0, seed: int = 0,
+                        timeout: float = 120.0, progress: bool = False, restart=None) -> tuple[list[dict], YieldStats]:
+    """Validate candidate bugs in ``sandbox`` (holding the clean repository); return instances and stats.
+
+    Args:
+        repo: the clean repository.
+        sandbox: a sandbox started from ``repo``'s image (its tree is restored after each candidate).
+        mutations: candidates from :func:`sample_mutations`.
+        combine: also build up to this many two-bug instances from validated bugs in different functions.
+        seed: seed for picking combinations.
+        timeout: per test-suite run.
+        progress: show a progress bar.
+        restart: ``() -> sandbox``: a fresh sandbox when a candidate kills the current one (a bug that
+            exhausts memory, say); without it such a failure propagates.
+    """
+    from .sandbox import SandboxError
+
+    stats = YieldStats(repo.spec.key)
+    clean1 = run_tests(sandbox, repo, timeout=timeout)
+    clean2 = run_tests(sandbox, repo, timeout=timeout)
+    if not any(s == "passed" for s in clean1.statuses.values()):
+        raise RuntimeError(f"the clean test suite of {repo.spec.key} has no passing test:\n{clean1.output[-2000:]}")
+    flaky = {t for t in set(clean1.statuses) | set(clean2.statuses) if clean1.statuses.get(t) != clean2.statuses.get(t)}
+    stats.flaky = len(flaky)
+    stable_pass = sorted(t for t, s in clean1.statuses.items() if s == "passed" and t not in flaky)
+    image = getattr(sandbox, "image", "local")
+
+    def check(muts: list[Mutation]) -> dict | None:
+        files: dict[str, str] = {}
+        for m in muts:
+            base = files.get(m.site.file, repo.files[m.site.file])
+            if len(muts) > 1:
+                base = apply_patch({m.site.file: base}, m.patch)[m.site.file]
+                files[m.site.file] = base
+            else:
+                files[m.site.file] = m.mutated
+        nonlocal sandbox
+        t0 = time.monotonic()
+        try:
+            sandbox.write_files(files)
+            bug = run_tests(sandbox, repo, timeout=timeout)
+            sandbox.write_files({p: repo.files[p] for p in files})
+        except SandboxError:
+            if restart is None:
+                raise
+            sandbox.close()
+            sandbox = restart()
+            stats.validation_seconds.append(time.monotonic() - t0)
+            return None
+        stats.validation_seconds.append(time.monotonic() - t0)
+        f2p = [t for t in stable_pass if not bug.passed(t)]
+        p2p = [t for t in stable_pass if bug.passed(t)]
+        if not f2p or not p2p:
+            return None
+        patch = "".join(unified_diff(p, repo.files[p], files[p]) for p in sorted(files))
+        gold = "".join(unified_diff(p, files[p], repo.files[p]) for p in sorted(files))
+        return {
+            "instance_id": _instance_id(repo, muts),
+            "repo": repo.spec.key,
+            "repo_source": repo.spec.source,
+            "base_commit": repo.content_hash,
+            "patch": patch,
+            "gold_patch": gold,
+            "FAIL_TO_PASS": f2p,
+            "PASS_TO_PASS": p2p,
+            "image_name": image,
+            "problem_statement": problem_statement(repo, f2p, bug.output),
+            "mutations": [m.to_json() for m in muts],
+            "validation": {"flaky_excluded": sorted(flaky)[:50], "bug_seconds": round(bug.seconds, 3),
+                           "clean_seconds": round(clean1.seconds, 3)},
+        }
+
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(mutations), desc=f"validate {repo.spec.key}", unit="bug")
+        except ImportError:
+            bar = None
+    instances, valid_muts = [], []
+    for m in mutations:
+        stats.candidates += 1
+        inst = check([m])
+        if inst is not None:
+            instances.append(inst)
+            valid_muts.append(m)
+            stats.valid += 1
+            stats.f2p_counts.append(len(inst["FAIL_TO_PASS"]))
+            stats.p2p_counts.append(len(inst["PASS_TO_PASS"]))
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    if combine and len(valid_muts) >= 2:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        pairs = [(i, j) for i in range(len(valid_muts)) for j in range(i + 1, len(valid_muts))
+                 if valid_muts[i].site.function != valid_muts[j].site.function]
+        for k in rng.permutation(len(pairs))[: combine * 2]:
+            if stats.combined >= combine:
+                break
+            i, j = pairs[int(k)]
+            try:
+                inst = check([valid_muts[i], valid_muts[j]])
+            except ValueError:
+                continue
+            if inst is not None:
+                instances.append(inst)
+                stats.combined += 1
+    return instances, stats
+
+
+def generate_instances(repo: Repo, sandbox, n_candidates: int, seed: int = 0, combine: int = 0,
+                       families: tuple[str, ...] = FAMILIES, progress: bool = False,
+                       restart=None) -> tuple[list[dict], YieldStats]:
+    """Sample ``n_candidates`` bugs from ``seed`` and validate them."""
+    files = {p: repo.files[p] for p in repo.source_files}
+    mutations = sample_mutations(files, seed, n_candidates, families)
+    return validate_candidates(repo, sandbox, mutations, combine=combine, seed=seed, progress=progress,
+                               restart=restart)
+
+
+# ------------------------------------------------------------------------------------------ the instance store
+
+def instance_dirs() -> list[Path]:
+    """Where instances are read from: the package's shipped set, then the user's cache."""
+    return [PACKAGED_INSTANCES, cache_dir() / "instances"]
+
+
+def save_instances(instances: list[dict], repo_key: str, directory: Path | None = None) -> Path:
+    """Merge ``instances`` into ``<dir>/<repo_key>.jsonl`` (by instance_id; sorted, one JSON object per line)."""
+    directory = directory or cache_dir() / "instances"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{repo_key}.jsonl"
+    existing = {i["instance_id"]: i for i in load_instance_file(path)} if path.exists() else {}
+    for inst in instances:
+        existing[inst["instance_id"]] = inst
+    path.write_text("".join(json.dumps(existing[k], sort_keys=True) + "\n" for k in sorted(existing)))
+    return path
+
+
+def load_instance_file(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_instances(repo_keys: list[str], max_bugs: int | None = None, min_bugs: int = 1,
+                   families: tuple[str, ...] | None = None, extra_dirs: list[Path] | None = None) -> list[dict]:
+    """Validated instances of the given repositories, sorted by id (deterministic across machines)."""
+    found: dict[str, dict] = {}
+    for directory in list(extra_dirs or []) + instance_dirs():
+        for key in repo_keys:
+            path = Path(directory) / f"{key}.jsonl"
+            if path.exists():
+                for inst in load_instance_file(path):
+                    found.setdefault(inst["instance_id"], inst)
+    out = []
+    for inst in found.values():
+        n = len(inst["mutations"])
+        if n < min_bugs or (max_bugs is not None and n > max_bugs):
+            continue
+        if families is not None and any(m["family"] not in families for m in inst["mutations"]):
+            continue
+        out.append(inst)
+    return sorted(out, key=lambda i: i["instance_id"])

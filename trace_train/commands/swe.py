@@ -1,0 +1,168 @@
+"""``trace swe``: images, repositories, validated instances and cleanup for the SWE environments.
+
+    trace swe build-image [--force] [--from-registry IMAGE]
+    trace swe add-repo pypi:NAME==VERSION | git:/path[@rev] | dir:/path [--key K] [--tests PATH]... [--python-path DIR]...
+    trace swe repos
+    trace swe validate REPO [--candidates N] [--seed S] [--combine K] [--out DIR]
+    trace swe instances [REPO]...
+    trace swe cleanup [--only-dead]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import CommandError, format_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``trace swe ...`` to the top-level parser."""
+    swe = subparsers.add_parser("swe", help="SWE repositories, sandbox images, instances, cleanup",
+                                description="Manage the SWE environments' images, repositories and task instances.")
+    swe.set_defaults(func=None, _parser=swe)
+    verbs = swe.add_subparsers(title="subcommands", dest="swe_command", metavar="<subcommand>")
+
+    p = verbs.add_parser("build-image", help="build the sandbox base image (skipped when it exists)")
+    p.add_argument("--force", action="store_true", help="rebuild even if an image with the same content tag exists")
+    p.add_argument("--from-registry", metavar="IMAGE", help="build FROM a registry image instead of debootstrap")
+    p.add_argument("--repos", nargs="*", metavar="REPO", help="also build these repositories' layers ('default': all)")
+    p.set_defaults(func=cmd_build_image)
+
+    p = verbs.add_parser("add-repo", help="add a repository: fetch it, build its image, check its clean suite passes")
+    p.add_argument("source", help="pypi:NAME==VERSION, git:/path[@rev] or dir:/path")
+    p.add_argument("--key", help="short name (default: derived from the source)")
+    p.add_argument("--tests", action="append", default=[], metavar="PATH", help="test paths (default: detected)")
+    p.add_argument("--python-path", action="append", default=[], metavar="DIR", help="PYTHONPATH dirs (default: detected)")
+    p.add_argument("--requirement", action="append", default=[], metavar="REQ", help="extra PyPI requirement for the tests")
+    p.set_defaults(func=cmd_add_repo)
+
+    p = verbs.add_parser("repos", help="list known repositories")
+    p.set_defaults(func=cmd_repos)
+
+    p = verbs.add_parser("validate", help="inject candidate bugs and keep those the tests validate")
+    p.add_argument("repo", help="a repository key (see `trace swe repos`)")
+    p.add_argument("--candidates", type=int, default=20, help="candidate bugs to try")
+    p.add_argument("--seed", type=int, default=0, help="seed of the candidate sampling")
+    p.add_argument("--combine", type=int, default=0, help="also build up to K two-bug instances")
+    p.add_argument("--out", type=Path, default=None, help="instance directory (default: the user cache)")
+    p.set_defaults(func=cmd_validate)
+
+    p = verbs.add_parser("instances", help="count validated instances per repository")
+    p.add_argument("repos", nargs="*", help="repository keys (default: all known)")
+    p.set_defaults(func=cmd_instances)
+
+    p = verbs.add_parser("cleanup", help="remove every container carrying TRACE's sandbox label")
+    p.add_argument("--only-dead", action="store_true", help="spare containers whose owner process is alive")
+    p.set_defaults(func=cmd_cleanup)
+
+
+def _repo(key: str):
+    from trace_envs.swe.repos import get_repo_spec, materialize
+
+    try:
+        return materialize(get_repo_spec(key))
+    except KeyError as exc:
+        raise CommandError(str(exc.args[0])) from exc
+
+
+def cmd_build_image(args) -> int:
+    from trace_envs.swe.images import build_base_image
+    from trace_envs.swe.repos import DEFAULT_REPOS
+
+    try:
+        tag = build_base_image(force=args.force, from_registry=args.from_registry)
+    except RuntimeError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"base image: {tag}")
+    keys = list(DEFAULT_REPOS) if args.repos in (["default"],) else (args.repos or [])
+    for key in keys:
+        print(f"{key}: {_repo(key).image(verbose=True)}")
+    return 0
+
+
+def cmd_add_repo(args) -> int:
+    from trace_envs.swe.repos import materialize, save_repo, spec_for_source
+    from trace_envs.swe.sandbox import DockerSandbox
+    from trace_envs.swe.tasks import run_tests
+
+    try:
+        spec = spec_for_source(args.source, key=args.key, test_paths=args.tests, python_path=args.python_path)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        raise CommandError(str(exc)) from exc
+    if args.requirement:
+        from dataclasses import replace
+
+        spec = replace(spec, requirements=tuple(spec.requirements) + tuple(args.requirement))
+    if not spec.test_paths:
+        raise CommandError(f"no tests found in {args.source}; name them with --tests PATH")
+    repo = materialize(spec)
+    print(f"{spec.key}: tests {list(spec.test_paths)}, PYTHONPATH {list(spec.python_path)}, "
+          f"requirements {list(spec.requirements) or 'none'}")
+    image = repo.image(verbose=True)
+    with DockerSandbox(image) as box:
+        run = run_tests(box, repo)
+    passed = sum(s == "passed" for s in run.statuses.values())
+    failed = {t: s for t, s in run.statuses.items() if s in ("failed", "error")}
+    print(f"clean suite: {passed} passed, {len(failed)} failed/error, {run.seconds:.1f}s")
+    if passed == 0:
+        raise CommandError(f"the clean suite of {spec.key} has no passing test:\n{run.output[-1500:]}")
+    save_repo(spec)
+    print(f"added {spec.key}; next: trace swe validate {spec.key}")
+    return 0
+
+
+def cmd_repos(args) -> int:
+    from trace_envs.swe.repos import known_repos
+
+    rows = [(s.key, s.source, ",".join(s.test_paths)) for s in known_repos().values()]
+    print(format_table(["key", "source", "tests"], rows))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from trace_envs.swe.sandbox import DockerSandbox
+    from trace_envs.swe.tasks import generate_instances, save_instances
+
+    repo = _repo(args.repo)
+    image = repo.image(verbose=True)
+    boxes = [DockerSandbox(image)]
+
+    def restart():
+        boxes.append(DockerSandbox(image))
+        return boxes[-1]
+
+    try:
+        instances, st = generate_instances(repo, boxes[0], args.candidates, seed=args.seed, combine=args.combine,
+                                           progress=True, restart=restart)
+    finally:
+        for box in boxes:
+            box.close()
+    path = save_instances(instances, repo.spec.key, args.out)
+    print(f"{st.valid}/{st.candidates} candidates valid, {st.combined} combined, {st.flaky} flaky tests excluded; "
+          f"wrote {path}")
+    return 0
+
+
+def cmd_instances(args) -> int:
+    from trace_envs.swe.repos import known_repos
+    from trace_envs.swe.tasks import load_instances
+
+    keys = args.repos or list(known_repos())
+    rows = []
+    for key in keys:
+        insts = load_instances([key])
+        rows.append((key, sum(len(i["mutations"]) == 1 for i in insts), sum(len(i["mutations"]) > 1 for i in insts)))
+    print(format_table(["repo", "single-bug", "multi-bug"], rows))
+    return 0
+
+
+def cmd_cleanup(args) -> int:
+    from trace_envs.swe.sandbox import cleanup_containers
+
+    try:
+        n = cleanup_containers(only_dead_owners=args.only_dead)
+    except RuntimeError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"removed {n} container(s)")
+    return 0
