@@ -149,3 +149,48 @@ class TauScriptedAgent:
 
 for _name, _capability in DEFICITS.items():
     register_agent(f"tau:{_name}", lambda c=_capability, n=_name: TauScriptedAgent([c], name=f"tau:{n}"))
+
+
+class NoisyTauAgent(TauScriptedAgent):
+    """A stochastic reference agent: per episode, each capability is dropped independently with probability ``p``.
+
+    Deterministic agents give all-0 or all-1 GRPO groups only; this one gives groups whose rewards
+    differ, for calibrating environments (``trace envs calibrate ID --agent tau:noisy``). The episode's
+    deficits are a pure function of (``seed``, the env seed): members of a group that share the env
+    seed but have different sampling seeds behave differently, and a rerun is byte-identical.
+
+    Args:
+        p: the probability of dropping each capability (default 0.5).
+        seed: the agent's sampling seed.
+        capabilities: the capabilities that may be dropped (default: all four).
+        name: the agent's name in trajectory records.
+    """
+
+    def __init__(self, p: float = 0.5, seed: int = 0, capabilities: Iterable[str] | None = None,
+                 name: str = "tau:noisy"):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be within [0, 1], got {p}")
+        pool = tuple(CAPABILITIES if capabilities is None else capabilities)
+        unknown = set(pool) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {CAPABILITIES}")
+        super().__init__((), name=name)
+        self.p, self.seed, self.pool = float(p), int(seed), pool
+        self._episodes = 0
+
+    def reset(self, env: Any, observation: str, info: dict) -> None:
+        import numpy as np
+
+        env_seed = getattr(env, "_seed", None)
+        key = [self.seed, 0 if env_seed is None else int(env_seed) + 1, self._episodes if env_seed is None else 0]
+        self._episodes += 1
+        rng = np.random.default_rng(np.random.SeedSequence(key))
+        draws = rng.random(len(CAPABILITIES))  # one draw per capability, so the pool does not shift the others
+        self.lacks = tuple(c for c, u in zip(CAPABILITIES, draws) if c in self.pool and u < self.p)
+        super().reset(env, observation, info)
+
+
+register_agent("tau:noisy", NoisyTauAgent)
+for _name, _capability in DEFICITS.items():
+    register_agent(f"tau:noisy_{_name}",
+                   lambda p=0.5, seed=0, c=_capability, n=_name: NoisyTauAgent(p, seed, [c], name=f"tau:noisy_{n}"))

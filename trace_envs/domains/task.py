@@ -159,3 +159,73 @@ class TauTask:
         d["reward_basis"] = list(self.reward_basis)
         d["needs"] = sorted(self.needs)
         return d
+
+
+# ---------------------------------------------------------------------- uniform request building
+class CannotBuild(Exception):
+    """The drawn parameters do not allow the asked-for request here; draw again (the caller retries)."""
+
+
+class RequestSession:
+    """Builds requests one at a time for one user over one task layer (the capability envs' API).
+
+    Each domain's ``tasks`` module has a subclass and a ``request_session(rng, db, ...)``
+    factory. :meth:`request` draws one request of a family with the decision forced or free, retrying
+    (with the layer and bookkeeping restored) until ``accept`` holds; :meth:`task` assembles the
+    requests into a :class:`TauTask` with the domain's authentication, so that the oracle and the
+    planted-deficit agents of :mod:`trace_envs.domains.agents` play it as they play target tasks.
+
+    Subclasses implement ``_build(family, refuse)``, ``_snapshot()``, ``_restore(state)`` and ``task``.
+
+    Attributes:
+        domain: ``"airline"`` or ``"retail"``.
+        families: the request families this domain can build.
+        user_id: the task's user.
+    """
+
+    domain: str = ""
+    families: tuple[str, ...] = ()
+    user_id: str = ""
+
+    def _build(self, family: str, refuse: bool | None) -> Request:
+        raise NotImplementedError
+
+    def _snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def _restore(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def request(self, family: str, refuse: bool | None = None, accept: Any = None, attempts: int = 12) -> Request:
+        """One request of ``family``.
+
+        Args:
+            family: a name from :attr:`families`.
+            refuse: True: a refusal (``decision == "refuse"``); False: not a refusal (``act`` or
+                ``answer``); None: the domain's own mix.
+            accept: optional predicate on the built request (e.g. ``lambda r: r.forbidden_write is not None``);
+                requests it rejects are undone and drawn again.
+            attempts: draws before giving up with :class:`CannotBuild`.
+        """
+        if family not in self.families:
+            raise ValueError(f"unknown {self.domain} family {family!r}; known: {', '.join(self.families)}")
+        for _ in range(attempts):
+            state = self._snapshot()
+            try:
+                r = self._build(family, refuse)
+            except CannotBuild:
+                r = None
+            if r is not None and (refuse is None or (r.decision == "refuse") == refuse) and (accept is None or accept(r)):
+                return r
+            self._restore(state)
+        raise CannotBuild(f"no acceptable {self.domain} {family!r} request (refuse={refuse}) in {attempts} draws")
+
+    def task(self, requests: list[Request], scenario: str, opening: str | None = None) -> TauTask:
+        """The requests as a task for this session's user (authentication, opening, known info).
+
+        Args:
+            requests: the requests, in the order the user raises them.
+            scenario: the task's scenario label (e.g. ``"precondition:cancel"``).
+            opening: the user's first message; default: a greeting and the first request's text.
+        """
+        raise NotImplementedError

@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..db import Layer
-from ..task import Call, Request, TauTask, UserScenario
+from ..db import Layer, copy_json
+from ..task import Call, CannotBuild, Request, RequestSession, TauTask, UserScenario
 from .db import (
     CABINS,
     CITY,
@@ -75,7 +75,7 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-class Retry(Exception):
+class Retry(CannotBuild):
     """The drawn parameters do not allow this variant; draw again."""
 
 
@@ -114,6 +114,7 @@ class _Gen:
         self.idx = _index(db)
         self.used: set[tuple[str, str]] = set()  # flight-days planted records use (kept apart)
         self.user_id = ""
+        self.distractor_prob = 0.45  # chance a request names its reservation by description (see distractor)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -243,7 +244,7 @@ class _Gen:
 
     def distractor(self, r: dict, **kw) -> dict | None:
         """Maybe plant a second reservation of the same user on another route (for 'which one?' reasoning)."""
-        if not self.d.chance(0.45):
+        if not self.d.chance(self.distractor_prob):
             return None
         return self.plant(avoid={(r["origin"], r["destination"])}, pax=len(r["passengers"]), **kw)
 
@@ -800,6 +801,74 @@ def generate_task(rng: np.random.Generator, db: Layer, scenarios: list[str], siz
     raise RuntimeError("could not generate a consistent airline task in 50 attempts; the DB may be too small")
 
 
+class AirlineRequestSession(RequestSession):
+    """Airline requests one at a time for one user (see :class:`~trace_envs.domains.task.RequestSession`).
+
+    Args:
+        rng: the episode's generator.
+        db: the task's initial layer (fresh; requests plant their records in it).
+        size: the DB size dict (for ``refusal_prob``/``bundle_prob`` defaults).
+        user_id: the user (default: drawn).
+        distractor_prob: chance that a request names its reservation by description and a second
+            reservation of the user exists (the structured-data-reasoning variant); 0 = always by id.
+    """
+
+    domain = "airline"
+    families = SCENARIOS
+
+    def __init__(self, rng: np.random.Generator, db: Layer, size: dict | None = None, user_id: str | None = None,
+                 distractor_prob: float = 0.45):
+        self.g = _Gen(rng, db, size or {})
+        self.g.distractor_prob = distractor_prob
+        self.g.user_id = user_id or self.g.d.pick(self.g.idx["users"])
+        self.user_id = self.g.user_id
+        self.db = db
+
+    def _snapshot(self) -> Any:
+        return copy_json(self.db.changes), set(self.g.used)
+
+    def _restore(self, state: Any) -> None:
+        self.db.changes.clear()
+        self.db.changes.update(state[0])
+        self.g.used = state[1]
+
+    def _build(self, family: str, refuse: bool | None) -> Request:
+        default = self.g.mix["refusal_prob"]
+        if refuse is not None:
+            self.g.mix["refusal_prob"] = 1.0 if refuse else 0.0
+        try:
+            return FAMILIES[family](self.g)
+        finally:
+            self.g.mix["refusal_prob"] = default
+
+    def task(self, requests: list[Request], scenario: str, opening: str | None = None) -> TauTask:
+        if not requests:
+            raise ValueError("a task needs at least one request")
+        user = self.g.user
+        name = f"{user['name']['first_name']} {user['name']['last_name']}"
+        greeting = self.g.d.pick(("Hi!", "Hello.", "Hi there,", "Good afternoon."))
+        task = TauTask(
+            task_id=f"airline-{scenario}-{self.g.d.int(0, 10**9)}", domain="airline", scenario=scenario,
+            user=UserScenario(persona=f"{name}, a {user['membership']} member",
+                              known_info={"user_id": self.user_id, "name": name},
+                              opening=opening if opening is not None else f"{greeting} {requests[0].text}",
+                              instructions="Raise your requests one at a time, in order."),
+            requests=requests, auth=[Call("get_user_details", {"user_id": self.user_id})], auth_message=AUTH_MESSAGE)
+        if not _consistent(task):
+            raise CannotBuild("a communicate fact is said by accident in another message")
+        return task
+
+
+def request_session(rng: np.random.Generator, db: Layer, size: dict | None = None, user_id: str | None = None,
+                    describe_prob: float | None = None) -> AirlineRequestSession:
+    """An :class:`AirlineRequestSession` (the capability envs' uniform request-building API).
+
+    ``describe_prob``: chance that a request names its record by description with a look-alike
+    record present (the structured-data-reasoning variant); None = the domain's default (0.45).
+    """
+    return AirlineRequestSession(rng, db, size, user_id, 0.45 if describe_prob is None else describe_prob)
+
+
 def _draw(rng: np.random.Generator, db: Layer, scenarios: list[str], size: dict) -> TauTask:
     g = _Gen(rng, db, size)
     g.user_id = g.d.pick(g.idx["users"])
@@ -883,4 +952,5 @@ def load_tau2(path: Path) -> tuple[dict[str, dict[str, dict]], list[TauTask]]:
     return tables, tasks
 
 
-__all__ = ["SCENARIOS", "FAMILIES", "generate_task", "load_tau2", "FREE_BAGS"]
+__all__ = ["SCENARIOS", "FAMILIES", "generate_task", "load_tau2", "FREE_BAGS", "request_session",
+           "AirlineRequestSession"]

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ...core.tools import tool_specs
-from ..db import Layer
-from ..task import Call, Request, TauTask, UserScenario
+from ..db import Layer, copy_json
+from ..task import Call, CannotBuild, Request, RequestSession, TauTask, UserScenario
 from .db import CARD_BRANDS, Draw, new_address
 from .tools import CANCEL_REASONS, RetailTools
 
@@ -38,7 +38,7 @@ RELATIONS = ("wife", "husband", "sister", "brother", "mother", "father", "roomma
 _CONFIRM_WORDS = re.compile(r"confirm|proceed|\(yes/no\)|anything else")
 
 
-class _Skip(Exception):
+class _Skip(CannotBuild):
     """This variant cannot be built here; the caller tries another."""
 
 
@@ -83,6 +83,7 @@ class _Builder:
         self.d = Draw(rng, chunk=256)
         self.db = db
         self.used: set[str] = set()  # orders and users that a request of this task already relies on
+        self.id_reference_prob = 0.45  # chance a request names its order by id rather than by an item in it
 
     # ------------------------------------------------------------------ records
     def orders_of(self, user: dict, status: str | None = None) -> list[dict]:
@@ -169,7 +170,7 @@ class _Builder:
         names_elsewhere = {i["name"] for o in others for i in o["items"]}
         unique = [i["name"] for i in order["items"] if i["name"] not in names_elsewhere]
         read = Call("get_order_details", {"order_id": order["order_id"]})
-        if not unique or self.d.bernoulli(0.45):
+        if not unique or self.d.bernoulli(self.id_reference_prob):
             return f"{order['order_id']}", None, [read]
         peers = [o for o in others if o["status"] == order["status"] and o["order_id"] not in self.used]
         wrong = self.d.choice(peers) if peers else None
@@ -744,6 +745,90 @@ def generate_task(rng: np.random.Generator, db: Layer, scenarios: list[str], siz
                    requests=requests, auth=auth, auth_message=auth_message)
     _validate(task)
     return task
+
+
+class RetailRequestSession(RequestSession):
+    """Retail requests one at a time for one user (see :class:`~trace_envs.domains.task.RequestSession`).
+
+    Args:
+        rng: the episode's generator.
+        db: the task's initial layer (requests plant their records in it).
+        user_id: the user (default: drawn).
+        id_reference_prob: chance that a request names its order by id; otherwise (when an item
+            identifies it) by "the order with the <item>", with a same-status order as the plausible
+            wrong one (the structured-data-reasoning variant). 1.0 = always by id.
+    """
+
+    domain = "retail"
+    families = FAMILIES
+
+    def __init__(self, rng: np.random.Generator, db: Layer, user_id: str | None = None,
+                 id_reference_prob: float = 0.45):
+        self.b = _Builder(rng, db)
+        self.b.id_reference_prob = id_reference_prob
+        self.db = db
+        self.user_id = user_id or self.b.d.choice(db.keys("users"))
+        self.b.used.add(self.user_id)
+
+    def _snapshot(self) -> Any:
+        return copy_json(self.db.changes), set(self.b.used)
+
+    def _restore(self, state: Any) -> None:
+        self.db.changes.clear()
+        self.db.changes.update(state[0])
+        self.b.used = state[1]
+
+    def _build(self, family: str, refuse: bool | None) -> Request:
+        if refuse is None:
+            refuse = self.b.d.bernoulli(REFUSE_RATE) and family != "info"
+        if refuse and family == "info":
+            raise CannotBuild("info requests are never refusals")
+        return BUILDERS[family](self.b, self.db.get("users", self.user_id), refuse)
+
+    def task(self, requests: list[Request], scenario: str, opening: str | None = None) -> TauTask:
+        if not requests:
+            raise ValueError("a task needs at least one request")
+        d, db = self.b.d, self.db
+        user = db.get("users", self.user_id)
+        first, last = user["name"]["first_name"], user["name"]["last_name"]
+        zip_code = user["address"]["zip"]
+        by_name = next((u["user_id"] for u in db.values("users")
+                        if u["name"]["first_name"].lower() == first.lower()
+                        and u["name"]["last_name"].lower() == last.lower() and u["address"]["zip"] == zip_code), None)
+        if d.bernoulli(0.4) and by_name == user["user_id"]:
+            known = {"name": f"{first} {last}", "zip": zip_code}
+            auth = [Call("find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": zip_code})]
+            auth_message = ("I can help with that. First, could you please tell me your first and last name and "
+                            "your zip code?")
+        else:
+            known = {"email": user["email"]}
+            auth = [Call("find_user_id_by_email", {"email": user["email"]})]
+            auth_message = "I can help with that. First, could you please provide the email address on your account?"
+        auth.append(Call("get_user_details", {"user_id": user["user_id"]}))
+        for r in requests[1:]:
+            r.text = d.choice(("Also, ", "One more thing: ", "And ", "Next, ")) + r.text[0].lower() + r.text[1:]
+        greeting = d.choice(("Hi.", "Hello!", "Hi there.", "Good afternoon."))
+        task = TauTask(task_id=f"retail-{scenario}-{d.digits(8)}", domain="retail", scenario=scenario,
+                       user=UserScenario(persona=f"{first} {last}, a customer of the online store", known_info=known,
+                                         opening=opening if opening is not None else f"{greeting} {requests[0].text}",
+                                         instructions=" ".join(r.text for r in requests)),
+                       requests=requests, auth=auth, auth_message=auth_message)
+        try:
+            _validate(task)
+        except RuntimeError as exc:
+            raise CannotBuild(str(exc)) from exc
+        return task
+
+
+def request_session(rng: np.random.Generator, db: Layer, size: dict | None = None, user_id: str | None = None,
+                    describe_prob: float | None = None) -> RetailRequestSession:
+    """A :class:`RetailRequestSession` (the capability envs' uniform request-building API; ``size`` is unused).
+
+    ``describe_prob``: chance that a request names its order by an item in it rather than by id
+    (when an item identifies it; a same-status order is then the plausible wrong one); None = the
+    domain's default (0.55).
+    """
+    return RetailRequestSession(rng, db, user_id, 0.45 if describe_prob is None else 1.0 - describe_prob)
 
 
 # ---------------------------------------------------------------------- τ²-bench's own data

@@ -1,0 +1,178 @@
+"""``trace/precondition_verification-v0``: check the policy's preconditions before a write.
+
+Capability env of the τ² targets (both domains). Each episode is one customer request that the
+tools would carry out either way; whether the policy allows it depends on records the agent must
+read (booking time, cabin, insurance, flight status, membership, who owns an order, the order's
+history). About 60% of the requests must be refused, the rest must be carried out, and the
+allowed and forbidden variants of a family read alike — so neither "always refuse" nor "always
+do it" pays.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..domains.task import CannotBuild, Request, RequestSession, TauTask
+from .base import CapabilityEnv
+
+#: Families whose refusal the tools would *not* enforce (a ``forbidden_write`` exists), by difficulty.
+AIRLINE_POOLS = {1: ("flight_change", "baggage"), 2: ("flight_change", "baggage", "compensation"),
+                 3: ("flight_change", "baggage", "compensation", "cancel")}
+RETAIL_POOLS = {1: ("cancel", "user_address"), 2: ("cancel", "user_address", "modify_address", "return",
+                                                   "modify_payment"),
+                3: ("cancel", "user_address", "modify_address", "return", "modify_payment", "modify_items",
+                    "exchange")}
+#: Share of episodes whose request must be refused.
+REFUSE_SHARE = 0.6
+#: Share of refusals whose text carries a false claim of eligibility, by difficulty.
+CLAIM_SHARE = {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.5, 5: 1.0}
+#: Reward for calling the requested write tool on an allowed request (the decision), before exactness.
+DECISION_CREDIT = 0.75
+#: Reward for refusing without stating the reason the policy gives.
+SILENT_REFUSAL_CREDIT = 0.5
+
+_RELATIONS = ("wife", "husband", "sister", "brother", "mother", "father", "roommate", "colleague", "neighbour")
+
+
+def _retail_claim(r: Request) -> str | None:
+    """The request reworded so that the customer claims the other person's order or account as their own."""
+    text = r.text
+    for rel in _RELATIONS:
+        text = text.replace(f"my {rel}'s order", "my order").replace(f"my {rel}'s default address",
+                                                                       "my default address")
+        text = re.sub(rf"^My {rel} asked me to switch the payment of their order", "Please switch the payment of my "
+                      "order", text)
+    text = (text.replace("They asked me to, because", "I need to, because").replace(" to their ", " to my ")
+            .replace("Their user id is", "My user id is").replace("Could you also update", "Could you update"))
+    if text == r.text or any(rel in text for rel in _RELATIONS) or "their" in text.lower():
+        return None
+    return text
+
+
+def _airline_claim(r: Request, pick: int) -> str | None:
+    """The request with a false claim that the policy allows it (the records say otherwise)."""
+    rid = str((r.forbidden_write.arguments if r.forbidden_write else {}).get("reservation_id", ""))
+    claims = {
+        "cancel": ("I booked it just yesterday, so it's within 24 hours and cancellation is free.",
+                   "The airline cancelled one of my flights, so I'm entitled to cancel."),
+        "flight_change": ("It's a regular economy ticket, so changes are allowed.",),
+        "baggage": ("The agent at the airport told me bags can be removed any time before the flight.",),
+    }.get(r.kind)
+    if not claims or not rid:
+        return None
+    claim = claims[pick % len(claims)]
+    return f"{r.text} {claim}"
+
+
+class PreconditionVerificationEnv(CapabilityEnv):
+    """Decide from the records whether the policy allows what the customer asks, then act or refuse.
+
+    ## Description
+    A τ² customer-service episode (airline or retail: the domain's generated DB, tools, policy
+    and scripted customer) with exactly one request. The request comes from a family whose
+    refusal the tools do not enforce: an airline cancellation (allowed only if booked < 24 h ago,
+    the airline cancelled a flight, business class, or insured with a covered reason), a change
+    to a basic-economy flight, removing checked bags, compensation (membership, cabin, insurance
+    and the flight's real status); a retail change to an order or account that is not the
+    customer's, or to an order whose items were already modified. Records are always named by
+    id, so no structured-data reasoning is needed to find them, and one request means no
+    multi-step bookkeeping: the episode isolates *checking before writing*.
+
+    ## Action Space
+    Text: a tool call (Hermes ``<tool_call>``, bare JSON or an OpenAI message) or a message to the
+    customer; the target's tool schemas, one call per turn.
+
+    ## Observation Space
+    Text: policy, tools and the customer's opening message, then tool results and replies;
+    ``info["messages"]`` (OpenAI format) and ``info["tools"]``.
+
+    ## Rewards
+    0 until the end; then, for a request that must be **refused**: 0 if the agent called any write
+    tool on the record (successful or not); otherwise 1.0 if it stated the policy's reason (the
+    request's facts, e.g. "cannot be cancelled", "basic economy", the foreign order id) and 0.5
+    if it refused without it. For an **allowed** request: 0 if the requested write tool was never
+    called; 0.75 for calling it (the decision); 1.0 if a successful call has the gold write's
+    effect on the database and the required facts were said. ``reward_breakdown`` has
+    ``decision`` (act/refuse), ``forbidden_write``, ``attempted``, ``exact``, ``communicated``,
+    ``missing`` and ``unrequested_writes``.
+
+    ## Shortcuts (bounds measured over 500 seeds at the default difficulty in the tests)
+    * refusing everything with a generic apology: at most 0.40 (0.5 × the 60% refusals);
+    * doing whatever is asked without checking (= ``tau:skip_precondition``): at most 0.50
+      (the 40% allowed requests);
+    * writing with guessed arguments without reading anything: at most 0.40;
+    * saying nothing useful and ending: at most 0.40.
+    Agents lacking other capabilities stay high: ``tau:stop_after_first`` and ``tau:wrong_record``
+    score 1.0, ``tau:sloppy_arguments`` ≈ 0.9 (decision credit on allowed requests).
+
+    ## Episode End
+    The customer ends the conversation (``###STOP###``), a transfer, ten invalid turns in a row,
+    three identical tool calls in a row, or truncation by ``max_episode_steps`` (registry: 30).
+
+    ## Arguments
+    ``domain`` ("airline", "retail", or None: drawn per episode), ``difficulty`` (1–5, default 3):
+    1 = single-rule families (airline basic-economy changes and bag removal; retail requests about
+    a relative's order or account, stated as such); 2 = adds compensation eligibility (airline) and
+    address, return and payment changes (retail); 3 = adds airline cancellation (four alternative
+    grounds to check) and retail item changes and exchanges; 4 = half of the refusals come with a
+    false claim of eligibility ("I booked it yesterday", "it's an economy ticket", or the customer
+    calls another person's order "my order"); 5 = every refusal does. Also ``size``, ``db_seed``,
+    ``user``, ``prompt`` as for the targets.
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    capability = "precondition_verification"
+    default_difficulty = 3
+
+    def _session_kwargs(self, difficulty: int) -> dict:
+        return {"describe_prob": 0.0}
+
+    def _pool(self, difficulty: int) -> tuple[str, ...]:
+        pools = AIRLINE_POOLS if self.domain_name == "airline" else RETAIL_POOLS
+        return pools[min(difficulty, 3)]
+
+    def _build_task(self, session: RequestSession, difficulty: int) -> TauTask:
+        rng = self.np_random
+        family = self._pool(difficulty)[int(rng.integers(len(self._pool(difficulty))))]
+        refuse = bool(rng.random() < REFUSE_SHARE)
+        if refuse:
+            r = session.request(family, refuse=True, accept=lambda q: q.forbidden_write is not None)
+            if rng.random() < CLAIM_SHARE[difficulty]:
+                # Refusals without a claimable rewording (e.g. an order whose items changed) stay as they are.
+                claim = _airline_claim(r, int(rng.integers(2))) if self.domain_name == "airline" else _retail_claim(r)
+                if claim is not None:
+                    r.text = claim
+        else:
+            r = session.request(family, refuse=False, accept=lambda q: q.write is not None and not q.needs_reasoning)
+        task = session.task([r], scenario=f"precondition:{family}:{'refuse' if refuse else 'act'}")
+        if refuse and not task.requests[0].communicate:
+            raise CannotBuild("a refusal needs a reason to state")
+        return task
+
+    def _score(self) -> tuple[float, dict]:
+        outcomes = self.request_outcomes()
+        o = outcomes.requests[0]
+        breakdown = {"decision": o.decision, "family": o.kind, "forbidden_write": o.forbidden,
+                     "attempted": o.attempted, "exact": o.exact, "communicated": o.communicated,
+                     "missing": o.missing, "unrequested_writes": len(outcomes.unrequested)}
+        if o.decision == "refuse":
+            if o.forbidden or outcomes.write_calls:
+                reward = 0.0
+            else:
+                reward = 1.0 if o.communicated else SILENT_REFUSAL_CREDIT
+        else:
+            if not o.attempted:
+                reward = 0.0
+            elif o.exact and o.communicated and not outcomes.unrequested:
+                reward = 1.0
+            else:
+                reward = DECISION_CREDIT
+        return reward, breakdown
+
+    def task_info(self) -> dict:
+        info = super().task_info()
+        if self.task is not None:
+            info["decision"] = self.task.requests[0].decision
+        return info
