@@ -74,6 +74,7 @@ class TraceEnv(gym.Env):
         max_repeated_calls: if set, this many identical tool calls in a row end the episode
             (termination ``repeated_calls``).
         max_output_chars: tool outputs are truncated beyond this.
+        compact_tools: show short tool schemas (first sentence, no argument descriptions), for small models.
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -81,6 +82,7 @@ class TraceEnv(gym.Env):
     max_tool_calls_per_turn: int = 1
     max_repeated_calls: int | None = None
     max_output_chars: int = 20_000
+    compact_tools: bool = False
 
     def __init__(self, render_mode: str | None = None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -165,7 +167,8 @@ class TraceEnv(gym.Env):
         self._call_counter = 0
         self._last_calls: list[str] = []
         opening = self._generate_task(dict(options or {}))
-        self._toolset = ToolSet(self._tool_provider(), max_output_chars=self.max_output_chars)
+        self._toolset = ToolSet(self._tool_provider(), max_output_chars=self.max_output_chars,
+                                compact=self.compact_tools)
         prompt = self.system_prompt()
         if prompt:
             self._messages.append(system_message(prompt))

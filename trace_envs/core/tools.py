@@ -381,7 +381,31 @@ def truncate(text: str, limit: int) -> str:
     return text[:limit] + f"\n… [output truncated: {len(text) - limit} more characters]"
 
 
-_TOOLSET_CACHE: dict[tuple[type, tuple[str, ...]], tuple[dict, list, dict]] = {}
+def _first_sentence(text: str) -> str:
+    first = text.split("\n\n", 1)[0]
+    match = re.search(r"(?<=[.!?])\s", first)
+    return first[:match.start()] if match else first
+
+
+def _strip_descriptions(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _strip_descriptions(v) for k, v in schema.items() if k != "description"}
+    if isinstance(schema, list):
+        return [_strip_descriptions(v) for v in schema]
+    return schema
+
+
+def compact_schema(openai_schema: dict) -> dict:
+    """A short form of a tool's schema: the first sentence of its description, no argument descriptions.
+
+    Argument names, types, enums and required fields — everything validation uses — are kept.
+    """
+    fn = openai_schema["function"]
+    return {"type": "function", "function": {"name": fn["name"], "description": _first_sentence(fn["description"]),
+                                             "parameters": _strip_descriptions(fn["parameters"])}}
+
+
+_TOOLSET_CACHE: dict[tuple[type, tuple[str, ...], bool], tuple[dict, list, dict]] = {}
 
 
 class ToolSet:
@@ -391,17 +415,21 @@ class ToolSet:
         provider: the object whose ``@tool`` methods are the tools.
         max_output_chars: tool outputs longer than this are truncated.
         exclude: tool names to leave out (e.g. a capability env hiding a tool).
+        compact: show short schemas (see :func:`compact_schema`) — for small models whose context
+            cannot hold every description. Validation is the same either way.
     """
 
-    def __init__(self, provider: Any, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, exclude: tuple[str, ...] = ()):
+    def __init__(self, provider: Any, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, exclude: tuple[str, ...] = (),
+                 compact: bool = False):
         self.provider = provider
         self.max_output_chars = max_output_chars
-        key = (type(provider), tuple(exclude))
+        key = (type(provider), tuple(exclude), compact)
         cached = _TOOLSET_CACHE.get(key)
         if cached is None:
             all_specs = tool_specs(type(provider))
             specs = {n: s for n, s in all_specs.items() if n not in exclude} if exclude else all_specs
-            cached = _TOOLSET_CACHE[key] = (specs, [s.openai_schema for s in specs.values()], {})
+            schemas = [compact_schema(s.openai_schema) if compact else s.openai_schema for s in specs.values()]
+            cached = _TOOLSET_CACHE[key] = (specs, schemas, {})
         # Shared by every ToolSet of the same class (reset builds one per episode): treat as read-only.
         self.specs, self.schemas, self._rendered = cached
 

@@ -60,7 +60,8 @@ class TauEnv(TraceEnv):
             its official tasks instead of generated ones; the seed selects the task (seed mod count).
         task_id: with ``tau2_data``: run this task id regardless of the seed.
         user: ``"scripted"`` (default) or ``{"base_url": ..., "model": ...}`` for an LLM user.
-        prompt: ``"full"`` (the whole policy) or ``"compact"`` (a short policy for small models).
+        prompt: ``"full"`` (the whole policy and tool descriptions) or ``"compact"`` (a short policy and
+            short tool schemas — first sentence, no argument descriptions — for small models).
         reward_basis: override the tasks' reward components (subset of ``DB``, ``COMMUNICATE``, ``ACTION``).
     """
 
@@ -90,6 +91,7 @@ class TauEnv(TraceEnv):
         if prompt not in ("full", "compact"):
             raise ValueError(f"prompt must be 'full' or 'compact', got {prompt!r}")
         self.prompt = prompt
+        self.compact_tools = prompt == "compact"
         if user != "scripted" and not (isinstance(user, dict) and {"base_url", "model"} <= set(user)):
             raise ValueError("user must be 'scripted' or a dict with 'base_url' and 'model' for an LLM user")
         self.user_config = user
