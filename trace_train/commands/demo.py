@@ -1,12 +1,21 @@
 """``trace demo``: the main job on the embedded default (what ``make demo`` runs).
 
-Today the strongest end-to-end path is: the τ²-style target environments,
-their reference agents (the oracle and one planted-deficit agent per
-capability), rollouts written as trajectory files, and the evaluation table —
-per agent and target, and per capability the tasks exercise. It shows the
-ground truth that the diagnosis stage (``trace diagnose``) is checked against:
-an agent lacking a capability fails exactly the tasks that need it.
-As the later stages land, this verb grows into the full TRACE loop.
+The TRACE loop, as far as it exists today, on a base agent whose gaps are known:
+
+1. **Roll out** the base agent on the τ²-style targets (``trace/tau_airline-v0``,
+   ``trace/tau_retail-v0``). The embedded base agent is the scripted reference agent that, in each
+   episode, lacks each of two capabilities (``--base-lacks``) with probability ``--gap-rate``: an
+   agent with real, known gaps that sometimes still gets things right, so the diagnosis can be
+   checked against the truth.
+2. **Diagnose** (``trace diagnose``): contrast its successes and failures, label every trajectory
+   with the offline labeler, keep the capabilities with Δ ≥ 0.20 and coverage ≥ 0.10.
+3. **Capability environments**: for each retained capability, its registered environment
+   (``trace/<capability>-v0``) is calibrated against the base agent and the oracle — the base agent
+   scores low where it lacks the capability, the oracle scores 1.0.
+
+Training one LoRA adapter per capability with GRPO and composing them (stages 3–4 of TRACE) join
+this command as they land; ``examples/train_trl.py`` already trains on these environments with TRL.
+Everything is written under ``--out`` (trajectories, ``capabilities.json``, report, figure, specs).
 """
 
 from __future__ import annotations
@@ -14,90 +23,114 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from . import CommandError, format_table
 
 DEFAULT_TARGETS = ["trace/tau_airline-v0", "trace/tau_retail-v0"]
-DEFAULT_AGENTS = ["oracle", "tau:skip_precondition", "tau:stop_after_first", "tau:wrong_record",
-                  "tau:sloppy_arguments"]
+DEFAULT_LACKS = ["multi_step_completion", "tool_calling_precision"]
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="run the main job on the embedded default",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", nargs="+", default=DEFAULT_TARGETS, help="target env ids")
-    p.add_argument("--agents", nargs="+", default=DEFAULT_AGENTS, help="reference agent names")
-    p.add_argument("--seeds", type=int, default=100, help="episodes per (agent, target)")
-    p.add_argument("--out", default="runs/demo", help="run directory for trajectories and the summary")
+    p.add_argument("--base-lacks", nargs="*", default=DEFAULT_LACKS, metavar="CAPABILITY",
+                   help="capabilities the embedded base agent lacks (default: %(default)s)")
+    p.add_argument("--gap-rate", type=float, default=0.7,
+                   help="per-episode probability that each gap shows (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=100, help="episodes per target (default: %(default)s)")
+    p.add_argument("--calibration-seeds", type=int, default=50,
+                   help="episodes per capability environment in step 3 (default: %(default)s)")
+    p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
     p.set_defaults(func=run)
+
+
+def _progress(iterable, desc: str, total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the suite-only install has no tqdm
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=False)
 
 
 def run(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import trace_envs
-    from trace_envs import make_agent, rollout
+    from trace_envs import rollout
+    from trace_envs.domains.agents import NoisyTauAgent
+    from trace_envs.domains.task import CAPABILITIES
 
     known = {e.id for e in trace_envs.registered()}
     missing = [t for t in args.targets if t not in known]
     if missing:
         raise CommandError(f"unknown target env(s) {missing}; see `trace envs list`")
+    unknown = sorted(set(args.base_lacks) - set(CAPABILITIES))
+    if unknown:
+        raise CommandError(f"unknown capabilities {unknown}; choose from {', '.join(CAPABILITIES)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "trajectories.jsonl"
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the suite-only install has no tqdm
-        def tqdm(it, **_):  # type: ignore[no-redef]
-            return it
-
-    success: dict[tuple[str, str], list[float]] = defaultdict(list)
-    by_need: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     t0 = time.perf_counter()
-    episodes = 0
+
+    # 1. Rollouts of the base agent on the targets.
+    def base_agent(seed: int = 0) -> NoisyTauAgent:
+        return NoisyTauAgent(p=args.gap_rate, seed=seed, capabilities=args.base_lacks, name="base")
+
+    base = base_agent()
+    path = out / "trajectories.jsonl"
+    rows = []
     with path.open("w", encoding="utf-8") as f:
         for target in args.targets:
             env = gym.make(target)
-            for name in args.agents:
-                agent = make_agent(name)
-                for seed in tqdm(range(args.seeds), desc=f"{target} · {name}", leave=False):
-                    record = rollout(env, agent, seed)
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    episodes += 1
-                    success[(target, name)].append(record["reward"])
-                    for need in _needs(record) or ["(none)"]:
-                        by_need[(target, name, need)].append(record["reward"])
+            rewards = []
+            for seed in _progress(range(args.seeds), f"1/3 rollouts {target}", args.seeds):
+                record = rollout(env, base, seed)
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                rewards.append(record["reward"])
             env.close()
-    elapsed = time.perf_counter() - t0
+            rows.append([target, len(rewards), f"{sum(rewards) / len(rewards):.2f}"])
+    print(f"\n1. Base agent (gaps: {', '.join(args.base_lacks) or 'none'}, each shown with p={args.gap_rate}) "
+          "on the targets\n")
+    print(format_table(["target", "episodes", "success"], rows))
 
-    short = {t: t.split("/")[-1] for t in args.targets}
-    print(f"\nMean reward over {args.seeds} seeds (agent × target):\n")
-    print(format_table(["agent"] + [short[t] for t in args.targets],
-                       [[a] + [f"{_mean(success[(t, a)]):.2f}" for t in args.targets] for a in args.agents]))
-    needs = sorted({k[2] for k in by_need})
-    for target in args.targets:
-        print(f"\n{short[target]}: mean reward on the tasks that need each capability (n tasks):\n")
-        rows = []
-        for a in args.agents:
-            rows.append([a] + [_cell(by_need.get((target, a, n))) for n in needs])
-        print(format_table(["agent"] + needs, rows))
-    summary = {"episodes": episodes, "seconds": elapsed,
-               "mean_reward": {f"{t}|{a}": _mean(v) for (t, a), v in success.items()}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\n{episodes} episodes in {elapsed:.1f} s ({episodes / max(elapsed, 1e-9):.0f}/s); "
-          f"trajectories: {path}")
+    # 2. Contrastive diagnosis.
+    from trace_train.analysis.pipeline import diagnose
+
+    result = diagnose(path, out / "diagnosis")
+    print("\n2. Diagnosis (offline labeler; retained if Δ ≥ 0.20 and coverage ≥ 0.10)\n")
+    print(format_table(["capability", "Δ", "coverage", "retained"],
+                       [[s.name, _fmt(s.mean_delta), _fmt(s.mean_coverage), "yes" if s.retained else "no"]
+                        for s in result.scores]))
+    planted, found = set(args.base_lacks), set(result.retained)
+    verdict = "exactly the planted gaps" if planted == found else \
+        f"planted {sorted(planted)}, retained {sorted(found)}"
+    print(f"\n   retained: {', '.join(result.retained) or 'none'} ({verdict})")
+    print(f"   report: {result.report}   figure: {result.figure}")
+
+    # 3. The capability environments of the retained capabilities.
+    from trace_envs.calibration import run_calibration
+
+    rows = []
+    for capability in result.retained:
+        env_id = f"trace/{capability}-v0"
+        if env_id not in known:
+            rows.append([env_id, "-", "-", "not registered yet (the generator stage writes it)"])
+            continue
+        base_report = run_calibration(env_id, base_agent,
+                                      groups=args.calibration_seeds, group_size=1)
+        oracle_report = run_calibration(env_id, "oracle", groups=args.calibration_seeds, group_size=1)
+        rows.append([env_id, f"{base_report.mean_reward:.2f}", f"{oracle_report.mean_reward:.2f}", ""])
+    print("\n3. Capability environments for the retained capabilities (mean reward)\n")
+    print(format_table(["environment", "base agent", "oracle", "note"], rows))
+
+    summary = {"base_lacks": args.base_lacks, "retained": result.retained, "seconds": time.perf_counter() - t0,
+               "trajectories": str(path), "capabilities": str(result.capabilities_json)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nDone in {summary['seconds']:.1f} s. Outputs in {out}/ "
+          "(next stages — GRPO per capability, composition — land in later releases).")
     return 0
 
 
-def _needs(record: dict) -> list[str]:
-    return list((record.get("task") or {}).get("needs") or [])
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
-def _cell(values: list[float] | None) -> str:
-    return f"{_mean(values):.2f} ({len(values)})" if values else "-"
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
