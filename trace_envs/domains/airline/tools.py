@@ -11,13 +11,12 @@ economy cannot be modified, who gets compensation — are the agent's to check.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 from typing import Literal, TypedDict
 
 from ...core.tools import ToolError, tool
 from ..db import Layer
+from ..generic import GenericTools
 from .db import AIRPORTS, CABINS, EXTRA_BAG_PRICE, INSURANCE_PRICE, NOW
 
 
@@ -66,35 +65,6 @@ _NEW_IDS = tuple(f"HAT{a}{b}{c}" for a in "HIJKLMNOPQRSTUVWXYZ" for b in "ABCDEF
                  for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _CERTIFICATE_BASE = 7_000_001
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-def safe_arithmetic(expression: str) -> float:
-    """Evaluate ``+ - * / ( )`` over numbers, parsed with ``ast`` (no names, calls or other operators)."""
-    if len(expression) > 500:
-        raise ToolError("the expression is too long (at most 500 characters).")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        raise ToolError(f"cannot parse {expression!r}; use numbers, + - * / and parentheses only.") from None
-
-    def ev(node: ast.AST) -> float:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Div) and right == 0:
-                raise ToolError("division by zero.")
-            return _BINOPS[type(node.op)](left, right)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](ev(node.operand))
-        raise ToolError(f"unsupported element in {expression!r}; use numbers, + - * / and parentheses only.")
-
-    return ev(tree)
-
 
 # JSON text of records of frozen base databases (generated and cached, or loaded from τ²-bench's
 # db.json), keyed by id(record) with the record kept alive next to it. Base records never change
@@ -113,7 +83,7 @@ def _root_of(db: Layer) -> dict:
     return node  # type: ignore[return-value]
 
 
-class AirlineTools:
+class AirlineTools(GenericTools):
     """The airline agent's tools over one episode's database layer.
 
     Args:
@@ -504,24 +474,6 @@ class AirlineTools:
         return f"Certificate {pid} worth ${amount} added to user {user_id}."
 
     # ------------------------------------------------------------------ generic
-    @tool
-    def calculate(self, expression: str) -> str:
-        """Calculate an arithmetic expression: numbers, + - * / and parentheses.
-
-        Args:
-            expression: the expression, such as '2 * (150 + 30)'.
-        """
-        value = safe_arithmetic(expression)
-        return str(round(value, 2))
-
-    @tool
-    def transfer_to_human_agents(self, summary: str) -> str:
-        """Transfer the user to a human agent, with a summary of the issue. Only when the request is out of scope.
-
-        Args:
-            summary: a short summary of the user's issue.
-        """
-        return "Transfer successful"
 
 
 assert set(CABINS) == {"basic_economy", "economy", "business"}

@@ -13,11 +13,10 @@ policy, and the agent must apply them.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 from ...core.tools import ToolError, tool
 from ..db import Layer, copy_json
+from ..generic import GenericTools, calculate  # noqa: F401 - calculate is part of this module's API
 
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 _ORDER_ID = "Order ids look like '#W0000000' (with the '#'); the user's order ids are in get_user_details."
@@ -27,7 +26,7 @@ def _money(value: float) -> float:
     return round(value + 0.0, 2)
 
 
-class RetailTools:
+class RetailTools(GenericTools):
     """The tools of the retail domain over one database layer.
 
     Args:
@@ -117,24 +116,6 @@ class RetailTools:
         return _money(diff), variants
 
     # ------------------------------------------------------------------ generic
-    @tool
-    def calculate(self, expression: str) -> str:
-        """Calculate the result of an arithmetic expression.
-
-        Args:
-            expression: The expression, with numbers, + - * /, parentheses and spaces, such as '2 + 2'.
-        """
-        return calculate(expression)
-
-    @tool
-    def transfer_to_human_agents(self, summary: str) -> str:
-        """Transfer the user to a human agent, with a summary of the issue. Transfer only if the user
-        explicitly asks for a human agent, or if the request cannot be handled within the policy and tools.
-
-        Args:
-            summary: A summary of the user's issue.
-        """
-        return "Transfer successful"
 
     # ------------------------------------------------------------------ reads
     @tool
@@ -426,36 +407,3 @@ class RetailTools:
         order["exchange_payment_method_id"] = payment_method_id
         order["exchange_price_difference"] = diff
         return order
-
-
-# ---------------------------------------------------------------------- calculate
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-def _evaluate(node: ast.AST) -> float:
-    if isinstance(node, ast.Expression):
-        return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Div) and right == 0:
-            raise ToolError("division by zero.")
-        return _BINARY[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_evaluate(node.operand))
-    raise ToolError("the expression may contain only numbers, + - * /, parentheses and spaces.")
-
-
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression safely (parsed with ``ast``; no ``eval``); rounded to 2 decimals."""
-    if len(expression) > 500:
-        raise ToolError("the expression is too long (at most 500 characters).")
-    if not expression.strip() or any(c not in "0123456789+-*/(). " for c in expression):
-        raise ToolError("the expression may contain only numbers, + - * /, parentheses and spaces.")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ToolError(f"cannot parse {expression!r}: {exc.msg}.") from None
-    return str(round(float(_evaluate(tree)), 2))
