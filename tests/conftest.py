@@ -91,3 +91,63 @@ def all_env_ids() -> list[str]:
 @pytest.fixture(scope="session")
 def example_id() -> str:
     return "examples/warehouse_stock-v0"
+
+
+# ----------------------------------------------------------------------------- a served tiny model
+# Built and served once per test session: the agents' and the analysis stage's tests both talk to a
+# real OpenAI-compatible server (`transformers serve`) on loopback.
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> str:
+    """The `nano` tiny model, built offline from the worked example's text."""
+    from trace_train.models import build_model
+
+    return str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model",
+                           env_ids=["examples/warehouse_stock-v0"], corpus_seeds=4).path)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def transformers_server(model_dir):
+    """`transformers serve` with the nano model on a free loopback port; yields the `/v1` base URL."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    exe = shutil.which("transformers") or os.path.join(os.path.dirname(sys.executable), "transformers")
+    port = free_port()
+    proc = subprocess.Popen([exe, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("transformers serve exited: " + proc.stdout.read().decode()[-2000:])
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("transformers serve did not come up in 180 s")
+            time.sleep(0.5)
+        yield url + "/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

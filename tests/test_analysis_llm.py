@@ -10,13 +10,6 @@ validation of well-formed replies are tested without a server.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -46,56 +39,9 @@ def test_extract_and_validate():
     assert got == {(0, "cap_a"): "PRESENT"} and len(errs) == 2
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from trace_train.models import build_model
-
-    return str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model", env_ids=[EXAMPLE],
-                           corpus_seeds=4).path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def transformers_server(model_dir):
-    pytest.importorskip("fastapi", reason="`transformers serve` needs fastapi and uvicorn (pip install fastapi uvicorn)")
-    exe = shutil.which("transformers") or os.path.join(os.path.dirname(sys.executable), "transformers")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("transformers serve exited: " + proc.stdout.read().decode()[-2000:])
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("transformers serve did not come up in 120 s")
-            time.sleep(0.5)
-        yield url + "/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def test_llm_pipeline_end_to_end_rejects_and_retries_malformed_replies(transformers_server, model_dir, tmp_path):
     import gymnasium as gym
 
-    import trace_envs  # noqa: F401
     from trace_envs import rollout
     from trace_envs.domains.agents import TauScriptedAgent
 

@@ -31,6 +31,8 @@ COMMAND_MODULES: list[str] = [
     "model",
     "rollout",
     "eval",
+    "swe",
+    "diagnose",
 ]
 
 #: Packages of this project: an ImportError naming one of them is a bug, never a missing extra.

@@ -19,11 +19,12 @@ builds locally, with no hub access:
   ``loss_curve.png``.
 
 Prompt size: τ²-style envs carry a long policy and many tool schemas. A tiny
-model cannot attend over thousands of tokens cheaply, so the warm-up asks the
-env for its compact prompt with the reset option ``{"prompt": "compact"}``
-(envs that have no such option ignore it). The options used are stored in
-``trace_model.json`` next to the weights, and :func:`model_reset_options`
-returns them so that rollouts of the model use the same prompts.
+model cannot attend over thousands of tokens cheaply, so the warm-up makes the
+target with the env constructor argument ``prompt="compact"`` when the env
+accepts one (the τ² domains do; others are made as they are). The env kwargs
+used are stored in ``trace_model.json`` next to the weights, and
+:func:`model_env_kwargs` returns them for a given env id, so that rollouts of
+the model see the same prompts it was trained on.
 
 Heavy imports (torch, transformers, tokenizers) happen inside the functions.
 """
@@ -55,8 +56,25 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_re
 _SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-#: The reset options the warm-up asks of the target env (see the module docstring).
-COMPACT_PROMPT_OPTIONS = {"prompt": "compact"}
+
+def env_accepts(env_id: str, kwarg: str) -> bool:
+    """Whether the env class registered as ``env_id`` takes ``kwarg`` in its constructor."""
+    import inspect
+
+    import trace_envs
+
+    try:
+        cls = trace_envs.get_entry(env_id).load_class()
+        params = inspect.signature(cls.__init__).parameters
+    except Exception:
+        return False
+    return kwarg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def prompt_env_kwargs(env_id: str, prompt: str = "compact") -> dict:
+    """``{"prompt": prompt}`` if the env has a prompt-size switch, else ``{}``."""
+    return {"prompt": prompt} if env_accepts(env_id, "prompt") else {}
+
 
 #: Where built and bootstrapped models are cached (override with ``TRACE_CACHE``).
 def cache_root() -> Path:
@@ -93,11 +111,11 @@ PRESETS: dict[str, ModelPreset] = {
     "nano": ModelPreset(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     # The CPU default: learns to emit well-formed tool calls in a few hundred SFT steps.
-    "tiny": ModelPreset(vocab_size=2048, hidden_size=192, intermediate_size=576, num_hidden_layers=4,
-                        num_attention_heads=6, num_key_value_heads=2, head_dim=32),
+    "tiny": ModelPreset(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32),
     # Still CPU-trainable, for runs that can afford tens of minutes.
-    "small": ModelPreset(vocab_size=4096, hidden_size=384, intermediate_size=1152, num_hidden_layers=6,
-                         num_attention_heads=6, num_key_value_heads=2, head_dim=64),
+    "small": ModelPreset(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=32),
 }
 
 
@@ -123,11 +141,12 @@ def default_corpus_envs() -> list[str]:
     return sorted(ids)
 
 
-def env_corpus(env_ids: Sequence[str], seeds: Iterable[int] = range(8), options: dict | None = None) -> list[str]:
+def env_corpus(env_ids: Sequence[str], seeds: Iterable[int] = range(8)) -> list[str]:
     """Text for the tokenizer: oracle conversations and tool schemas of ``env_ids``.
 
     Each conversation is rendered with the Qwen3 markup (``<|im_start|>`` etc. as plain strings, which the
     tokenizer later splits off as added tokens), so merges are learnt on the text the model will see.
+    Envs with a compact prompt contribute conversations with both prompt sizes.
     """
     from trace_envs import OracleAgent, rollout
 
@@ -139,10 +158,11 @@ def env_corpus(env_ids: Sequence[str], seeds: Iterable[int] = range(8), options:
     ]
     seeds = list(seeds)
     for env_id in env_ids:
-        for opts in ([None, options] if options else [None]):
+        compact = prompt_env_kwargs(env_id)
+        for kwargs in ([{}, compact] if compact else [{}]):
             for seed in seeds:
                 try:
-                    record = rollout(env_id, OracleAgent(), seed=seed, options=opts)
+                    record = rollout(env_id, OracleAgent(), seed=seed, env_kwargs=kwargs)
                 except Exception as exc:  # a broken env must not stop the build; its text is just missing
                     logger.warning("corpus: oracle rollout of %s seed %s failed: %s", env_id, seed, exc)
                     break
@@ -250,7 +270,7 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     t0 = time.perf_counter()
     config = PRESETS[preset]
     env_ids = list(env_ids) if env_ids is not None else default_corpus_envs()
-    texts = env_corpus(env_ids, range(corpus_seeds), options=COMPACT_PROMPT_OPTIONS) + list(extra_texts)
+    texts = env_corpus(env_ids, range(corpus_seeds)) + list(extra_texts)
     template = qwen3_chat_template()
     key = _content_key(preset, config, texts, template, seed)
     path = Path(out) if out else cache_root() / f"{preset}-{key}"
@@ -291,7 +311,7 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     parameters = sum(p.numel() for p in model.parameters())
     meta = {"content_key": key, "preset": preset, "config": asdict(config), "vocab_size": vocab,
             "parameters": parameters, "corpus_envs": env_ids, "corpus_texts": len(texts), "seed": seed,
-            "build_version": BUILD_VERSION, "reset_options": {}, "bootstrap": None}
+            "build_version": BUILD_VERSION, "env_kwargs": {}, "bootstrap": None}
     (tmp / "trace_model.json").write_text(json.dumps(meta, indent=2))
     if path.exists():
         shutil.rmtree(path)
@@ -306,9 +326,13 @@ def model_metadata(path: str | Path) -> dict:
     return json.loads(f.read_text()) if f.exists() else {}
 
 
-def model_reset_options(path: str | Path) -> dict:
-    """The env reset options a bootstrapped model was trained with (use them for its rollouts)."""
-    return dict(model_metadata(path).get("reset_options") or {})
+def model_env_kwargs(path: str | Path, env_id: str | None = None) -> dict:
+    """The env constructor kwargs a bootstrapped model was trained with (``{"prompt": "compact"}``),
+    restricted to those ``env_id`` accepts; use them for the model's rollouts."""
+    kwargs = dict(model_metadata(path).get("env_kwargs") or {})
+    if env_id is not None:
+        kwargs = {k: v for k, v in kwargs.items() if env_accepts(env_id, k)}
+    return kwargs
 
 
 # ----------------------------------------------------------------------------- SFT warm-up
@@ -328,15 +352,22 @@ class BootstrapConfig:
             evaluation on small seeds is held out.
         seed_offset: first training seed.
         steps: optimiser steps.
-        batch_size: examples (assistant turns) per step.
+        batch_size: trajectories per step (each one sequence, loss on its assistant turns).
         lr: peak learning rate (linear warm-up, cosine decay).
         warmup_steps: linear warm-up length.
-        max_length: longest example in tokens; longer prompts are cut from the left (system part kept
-            when possible is not attempted: use compact prompts instead).
-        reset_options: options for ``env.reset``; default :data:`COMPACT_PROMPT_OPTIONS`.
+        max_length: longest training sequence in tokens; assistant turns beyond it are left out
+            (use compact prompts so that whole episodes fit).
+        prompt: ``"compact"`` (default) or ``"full"``: the target's prompt size, passed as the env
+            kwarg ``prompt`` when the env has one.
         threads: torch CPU threads (1 is fastest for the tiny presets).
+        device: torch device to train on (``cpu``; ``cuda`` where there is one).
         seed: torch seed (data order, dropout-free init is fixed by the base).
-        env_kwargs: passed to ``gym.make``.
+        env_kwargs: passed to ``gym.make`` (e.g. ``scenarios`` to train on chosen families only, or
+            ``size={"bundle_prob": 0.0}`` for one request per episode: shorter episodes).
+        shared_prefix: encode the token prefix every training sequence shares (the system prompt and
+            tool schemas, thousands of tokens with a τ² policy) once per step and let the batch attend
+            to it, instead of once per sequence. The gradient is exact (it flows through the shared
+            keys/values); only the cost changes.
     """
 
     target: str
@@ -347,14 +378,16 @@ class BootstrapConfig:
     train_seeds: int = 400
     seed_offset: int = 100_000
     steps: int = 300
-    batch_size: int = 8
+    batch_size: int = 4
     lr: float = 3e-3
     warmup_steps: int = 20
     max_length: int = 2048
-    reset_options: dict | None = None
+    prompt: str = "compact"
     threads: int = 1
+    device: str = "cpu"
     seed: int = 0
     env_kwargs: dict = field(default_factory=dict)
+    shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -365,22 +398,35 @@ class BootstrapConfig:
             raise ValueError(f"train_seeds must be >= 1, got {self.train_seeds}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.prompt not in ("compact", "full"):
+            raise ValueError(f"prompt must be 'compact' or 'full', got {self.prompt!r}")
         self.exclude_scenarios = tuple(self.exclude_scenarios)
 
 
 def scenario_of(env: Any) -> str | None:
-    """The scenario family of the env's current task (``task_spec()["scenario"]``), if it has one."""
-    try:
-        spec = env.unwrapped.task_spec()
-    except Exception:
-        return None
-    value = spec.get("scenario") if isinstance(spec, dict) else None
-    return str(value) if value is not None else None
+    """The scenario family of the env's current task (``task_info()`` or ``task_spec()``), if it has one."""
+    for hook in ("task_info", "task_spec"):
+        try:
+            labels = getattr(env.unwrapped, hook)()
+        except Exception:
+            continue
+        if isinstance(labels, dict) and labels.get("scenario") is not None:
+            return str(labels["scenario"])
+    return None
+
+
+def scenario_families(scenario: str) -> list[str]:
+    """The families a scenario label names: ``"bundle:cancel+booking"`` → cancel, booking (and the label)."""
+    if scenario.startswith("bundle:"):
+        return [scenario] + scenario[len("bundle:"):].split("+")
+    return [scenario]
 
 
 def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Sequence[str] = (),
-                        reset_options: dict | None = None, env_kwargs: dict | None = None) -> tuple[list[dict], dict]:
+                        env_kwargs: dict | None = None) -> tuple[list[dict], dict]:
     """Oracle episodes of ``target`` on ``seeds``, without the excluded scenarios.
+
+    A task is left out when its scenario, or any family of a ``bundle:a+b`` scenario, is excluded.
 
     Returns:
         (records, counts) where counts maps each scenario (or ``None``) to kept/excluded/failed numbers.
@@ -395,10 +441,10 @@ def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Se
     excluded = set(exclude_scenarios)
     try:
         for seed in seeds:
-            record = trace_envs.rollout(env, OracleAgent(), seed=seed, options=reset_options)
+            record = trace_envs.rollout(env, OracleAgent(), seed=seed)
             scenario = scenario_of(env)
             c = counts.setdefault(str(scenario), {"kept": 0, "excluded": 0, "failed": 0})
-            if scenario in excluded:
+            if scenario is not None and excluded & set(scenario_families(scenario)):
                 c["excluded"] += 1
                 continue
             if not record["success"]:
@@ -413,44 +459,67 @@ def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Se
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
-    """The generation prompt for the next assistant turn (the same one :class:`HFAgent` uses)."""
-    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                         enable_thinking=False, tokenize=False)
+    """The generation prompt for the next assistant turn (the same one :class:`HFAgent` uses).
+
+    No ``enable_thinking`` switch is passed: the prompt ends with ``<|im_start|>assistant\n`` and the
+    model writes its turn (a ``<tool_call>`` block or a message) directly, exactly as past assistant
+    turns appear in the history. TRL's GRPO rollouts render prompts the same way.
+    """
+    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
 
 
-def sft_examples(tokenizer, records: list[dict]) -> list[tuple[str, str]]:
-    """(prompt, completion) text pairs: one per assistant turn of each trajectory."""
-    examples = []
+_DUMMY_USER = {"role": "user", "content": "."}
+
+
+def sft_segments(tokenizer, record: dict) -> list[tuple[str, bool]]:
+    """One trajectory as text segments ``(text, is_target)``: the assistant turns are the targets.
+
+    The whole conversation is one training sequence (much cheaper than one sequence per turn). Each
+    assistant turn is rendered as it appears in later prompts, so the context of every target matches
+    what the model sees at inference. Qwen3's template gives the *last* assistant turn an empty
+    ``<think>`` block; a throw-away user message after it keeps every turn uniform, and is cut off.
+    """
+    messages, tools = record["messages"], record["tools"] or None
     end = "<|im_end|>"
-    for record in records:
-        messages, tools = record["messages"], record["tools"]
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            prompt = render_prompt(tokenizer, messages[:i], tools)
-            full = tokenizer.apply_chat_template(messages[:i + 1], tools=tools or None, tokenize=False,
-                                                 enable_thinking=False)
-            if not full.startswith(prompt):
-                raise RuntimeError("the chat template is not prefix-preserving for an assistant turn; "
-                                   "cannot build SFT targets")
-            completion = full[len(prompt):]
-            completion = completion[:completion.rindex(end) + len(end)]
-            examples.append((prompt, completion))
-    return examples
-
-
-def _tokenize_examples(tokenizer, examples: list[tuple[str, str]], max_length: int):
-    rows, truncated = [], 0
-    for prompt, completion in examples:
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        c = tokenizer(completion, add_special_tokens=False)["input_ids"]
-        if len(c) >= max_length:
+    full = tokenizer.apply_chat_template(messages + [_DUMMY_USER], tools=tools, tokenize=False)
+    segments: list[tuple[str, bool]] = []
+    pos = 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
             continue
-        if len(p) + len(c) > max_length:
-            p = p[len(p) + len(c) - max_length:]
-            truncated += 1
-        rows.append((p, c))
-    return rows, truncated
+        prompt = render_prompt(tokenizer, messages[:i], tools)
+        if not full.startswith(prompt):
+            raise RuntimeError("the chat template is not prefix-preserving at an assistant turn; "
+                               "cannot build SFT targets from it")
+        stop = full.index(end, len(prompt)) + len(end)
+        segments.append((full[pos:len(prompt)], False))
+        segments.append((full[len(prompt):stop], True))
+        pos = stop
+    return segments
+
+
+def sft_rows(tokenizer, records: list[dict], max_length: int) -> tuple[list[tuple[list[int], list[int]]], int, int]:
+    """Token ids and loss labels (-100 outside the targets) per trajectory.
+
+    A trajectory longer than ``max_length`` keeps the turns that fit; returns (rows, turns, dropped turns).
+    """
+    rows, turns, dropped = [], 0, 0
+    for record in records:
+        ids: list[int] = []
+        labels: list[int] = []
+        for text, is_target in sft_segments(tokenizer, record):
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) + len(piece) > max_length:
+                dropped += 1 if is_target else 0
+                if is_target:
+                    continue
+                break
+            ids.extend(piece)
+            labels.extend(piece if is_target else [-100] * len(piece))
+            turns += int(is_target)
+        if any(label != -100 for label in labels):
+            rows.append((ids, labels))
+    return rows, turns, dropped
 
 
 def _lr_at(step: int, cfg: BootstrapConfig) -> float:
@@ -458,6 +527,68 @@ def _lr_at(step: int, cfg: BootstrapConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def shared_prefix_length(rows: Sequence[tuple[list[int], list[int]]]) -> int:
+    """Length of the token prefix all ``rows`` share and that holds no loss target (0 if none).
+
+    It stops one token before the first target of any row, so that every row keeps at least that
+    token after the prefix (its prediction is never lost).
+    """
+    if not rows:
+        return 0
+    first = rows[0][0]
+    n = len(first)
+    for ids, labels in rows:
+        k = 0
+        m = min(n, len(ids))
+        while k < m and ids[k] == first[k]:
+            k += 1
+        n = k
+        targets = [i for i, label in enumerate(labels) if label != -100]
+        if targets:
+            n = min(n, targets[0] - 1)
+        n = min(n, len(ids) - 1)
+    return max(0, n)
+
+
+def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, prefix_len: int = 0,
+             device: str = "cpu"):
+    """Mean cross-entropy over the target tokens of ``batch`` (right-padded).
+
+    With ``prefix_len > 0`` (every row starts with the same ``prefix_len`` tokens, none of them a
+    target), the prefix is run once at batch size 1 and its keys/values are shared by the rows, whose
+    remaining tokens are run on top; gradients flow through the shared cache. The LM head is applied
+    only at positions that predict a target (the logits of the other positions are never needed).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    cache = None
+    if prefix_len > 0:
+        prefix = torch.tensor([batch[0][0][:prefix_len]], dtype=torch.long, device=device)
+        shared = DynamicCache()
+        model.model(input_ids=prefix, past_key_values=shared, use_cache=True)
+        cache = DynamicCache()
+        for i, layer in enumerate(shared.layers):
+            cache.update(layer.keys.expand(len(batch), -1, -1, -1), layer.values.expand(len(batch), -1, -1, -1), i)
+    rows = [(ids[prefix_len:], labels[prefix_len:]) for ids, labels in batch]
+    width = max(len(ids) for ids, _ in rows)
+    ids_t = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels_t = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), prefix_len + width), dtype=torch.long)
+    mask[:, :prefix_len] = 1
+    for b, (ids, labels) in enumerate(rows):
+        ids_t[b, :len(ids)] = torch.tensor(ids)
+        labels_t[b, :len(ids)] = torch.tensor(labels)
+        mask[b, prefix_len:prefix_len + len(ids)] = 1
+    kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True} if cache is not None else {"use_cache": False}
+    hidden = model.model(input_ids=ids_t.to(device), attention_mask=mask.to(device), **kwargs).last_hidden_state
+    # Position t predicts token t+1: keep the positions whose next token is a target.
+    next_labels = labels_t[:, 1:].to(device)
+    keep = next_labels != -100
+    logits = model.lm_head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), next_labels[keep])
 
 
 def plot_loss(losses: list[float], path: Path, title: str) -> None:
@@ -475,7 +606,7 @@ def plot_loss(losses: list[float], path: Path, title: str) -> None:
                   for i in range(len(losses))]
         ax.plot(range(1, len(losses) + 1), smooth, lw=1.6, label=f"mean of {w}")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (completion tokens)")
+    ax.set_ylabel("cross-entropy (assistant tokens)")
     ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -492,6 +623,7 @@ class BootstrapResult:
     path: Path
     losses: list[float]
     examples: int
+    turns: int
     truncated: int
     scenario_counts: dict
     seconds: float
@@ -519,25 +651,26 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
 
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, cfg.threads))
-    reset_options = dict(COMPACT_PROMPT_OPTIONS if cfg.reset_options is None else cfg.reset_options)
+    env_kwargs = {**prompt_env_kwargs(cfg.target, cfg.prompt), **cfg.env_kwargs}
     base = cfg.base or str(build_model(cfg.preset, env_ids=sorted(set(default_corpus_envs()) | {cfg.target})).path)
     tokenizer = AutoTokenizer.from_pretrained(base)
     seeds = range(cfg.seed_offset, cfg.seed_offset + cfg.train_seeds)
-    records, counts = oracle_trajectories(cfg.target, seeds, cfg.exclude_scenarios, reset_options, cfg.env_kwargs)
+    records, counts = oracle_trajectories(cfg.target, seeds, cfg.exclude_scenarios, env_kwargs)
     if not records:
         raise RuntimeError(f"no oracle trajectories of {cfg.target} left to train on (scenario counts: {counts}); "
                            "check --exclude-scenarios")
-    examples = sft_examples(tokenizer, records)
-    rows, truncated = _tokenize_examples(tokenizer, examples, cfg.max_length)
+    rows, turns, truncated = sft_rows(tokenizer, records, cfg.max_length)
     if truncated:
-        logger.warning("%d of %d examples were cut to %d tokens from the left; use compact prompts",
-                       truncated, len(rows), cfg.max_length)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        logger.warning("%d assistant turns did not fit in %d tokens and were left out; use compact prompts",
+                       truncated, cfg.max_length)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(cfg.device)
     model.train()
     model.config.use_cache = False
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     pad = tokenizer.pad_token_id
+    prefix_len = shared_prefix_length(rows) if cfg.shared_prefix else 0
+    logger.info("bootstrap: %d sequences, shared prefix of %d tokens", len(rows), prefix_len)
     losses: list[float] = []
     order: list[int] = []
     bar = tqdm(range(cfg.steps), desc=f"bootstrap {cfg.target}", disable=not progress, unit="step")
@@ -548,18 +681,9 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
                 order = torch.randperm(len(rows), generator=gen).tolist()
             batch_idx.append(order.pop())
         batch = [rows[i] for i in batch_idx]
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, (p, c) in enumerate(batch):
-            seq = p + c
-            ids[b, :len(seq)] = torch.tensor(seq)
-            labels[b, len(p):len(seq)] = torch.tensor(c)
-            mask[b, :len(seq)] = 1
         for g in optim.param_groups:
             g["lr"] = _lr_at(step, cfg)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = sft_loss(model, batch, pad, prefix_len, cfg.device)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -580,17 +704,21 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.to("cpu").save_pretrained(out)
+    model.to(cfg.device)
     tokenizer.save_pretrained(out)
     meta = model_metadata(base)
-    meta.update({"reset_options": reset_options, "bootstrap": {
+    meta.pop("reset_options", None)
+    # A bootstrapped folder is not the base build: give it its own key so build_model never mistakes it.
+    meta.update({"content_key": f"bootstrap-{key}", "base_content_key": meta.get("content_key"),
+                 "env_kwargs": env_kwargs, "bootstrap": {
         "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
         "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "examples": len(rows),
-        "truncated": truncated, "scenario_counts": counts, "final_loss": losses[-1],
+        "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "scenario_counts": counts, "final_loss": losses[-1],
         "seconds": time.perf_counter() - t0}})
     (out / "trace_model.json").write_text(json.dumps(meta, indent=2, default=str))
     (out / "loss.json").write_text(json.dumps({"loss": losses}, indent=None))
-    plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} turns)")
+    plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} episodes, {turns} turns)")
     if on_checkpoint:
         on_checkpoint(cfg.steps, model, tokenizer, time.perf_counter() - t0)
-    return BootstrapResult(out, losses, len(rows), truncated, counts, time.perf_counter() - t0)
+    return BootstrapResult(out, losses, len(rows), turns, truncated, counts, time.perf_counter() - t0)

@@ -1,0 +1,171 @@
+"""Success of the bootstrapped tiny model on held-out seeds of the target, against wall time.
+
+The SFT warm-up (``trace model bootstrap``) trains the tiny preset on oracle trajectories of the
+target (seeds from 100000 up) with some scenario families left out; every ``--eval-every`` steps the
+model in training is evaluated greedily on held-out seeds (``--eval-seeds``, default 0:40) with the
+compact prompt. Reported per checkpoint: training wall time (evaluation pauses excluded), success
+overall, on the scenarios trained on, and on the scenarios left out — which must stay low: the
+warm-up yields a base model with known gaps, the embedded demo's base agent.
+
+Anchor: the oracle (success 1.0 by construction) and the untrained model at step 0, same seeds.
+Goal (issue 6): ≥ 30% overall success within 20 minutes of training on 2 cores.
+
+Writes ``<out>/bootstrap_curve.json`` and ``<out>/bootstrap_curve.png``.
+
+Usage::
+
+    python bench/bootstrap_curve.py                                    # trace/tau_airline-v0, 20 min
+    python bench/bootstrap_curve.py --budget-min 5 --eval-seeds 0:20   # a quick look
+    python bench/bootstrap_curve.py --target trace/tau_retail-v0 --exclude-scenarios return
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def parse_seeds(spec: str) -> list[int]:
+    lo, _, hi = spec.partition(":")
+    return list(range(int(lo), int(hi))) if hi else list(range(int(lo)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="trace/tau_airline-v0")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--exclude-scenarios", nargs="*", default=["cancel"],
+                        help="families left out of the warm-up (default: cancel)")
+    parser.add_argument("--budget-min", type=float, default=20.0, help="training wall-time budget in minutes")
+    parser.add_argument("--sec-per-step", type=float, default=None,
+                        help="expected seconds per step (default: measured on a short probe run)")
+    parser.add_argument("--steps", type=int, default=None, help="steps (default: from the budget)")
+    parser.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: steps/4)")
+    parser.add_argument("--eval-seeds", default="0:40", help="held-out seeds (default: 0:40)")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--max-length", type=int, default=8192)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (the goal's setting) or cuda")
+    parser.add_argument("--skip-untrained", action="store_true",
+                        help="do not evaluate the random-init model at step 0 (slow: it rambles to max tokens)")
+    parser.add_argument("--out", default="bench/out/bootstrap_curve")
+    args = parser.parse_args()
+
+    import trace_envs
+    from trace_envs import OracleAgent
+    from trace_train.agents import HFAgent
+    from trace_train.models import (BootstrapConfig, bootstrap_model, build_model, default_corpus_envs,
+                                    prompt_env_kwargs, scenario_families)
+    from trace_train.rollouts import run_rollouts
+
+    try:
+        trace_envs.get_entry(args.target)
+    except KeyError:
+        sys.exit(f"{args.target} is not registered yet; this benchmark needs it (see `trace envs list`).")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    excluded = set(args.exclude_scenarios)
+    seeds = parse_seeds(args.eval_seeds)
+    env_kwargs = prompt_env_kwargs(args.target, "compact")
+
+    def split(records: list[dict]) -> dict:
+        left_out = [r for r in records if r.get("scenario") and excluded & set(scenario_families(r["scenario"]))]
+        trained = [r for r in records if r not in left_out]
+        rate = lambda rs: sum(r["success"] for r in rs) / len(rs) if rs else None  # noqa: E731
+        return {"overall": rate(records), "trained_scenarios": rate(trained), "left_out_scenarios": rate(left_out),
+                "n": len(records), "n_left_out": len(left_out),
+                "mean_reward": sum(r["reward"] for r in records) / len(records)}
+
+    oracle = split(run_rollouts(args.target, OracleAgent(), seeds, progress=False, keep_records=True,
+                                env_kwargs=env_kwargs).records)
+    print(f"oracle on {len(seeds)} held-out seeds: {oracle}")
+
+    t_build = time.perf_counter()
+    base = build_model(args.preset, env_ids=sorted(set(default_corpus_envs()) | {args.target}))
+    print(f"model {base.path} ({'cached' if base.cached else 'built'} in {time.perf_counter() - t_build:.0f}s)")
+
+    points: list[dict] = []
+    eval_time = [0.0]
+
+    def evaluate(step: int, model, tokenizer, seconds: float) -> None:
+        t0 = time.perf_counter()
+        agent = HFAgent(model, tokenizer=tokenizer, threads=None, max_new_tokens=args.max_new_tokens,
+                        name=f"bootstrap@{step}", device=args.device)
+        res = run_rollouts(args.target, agent, seeds, in_flight=len(seeds), progress=False, keep_records=True,
+                           env_kwargs=env_kwargs)
+        took = time.perf_counter() - t0
+        eval_time[0] += took
+        point = {"step": step, "train_s": seconds - eval_time[0] + took, **split(res.records), "eval_s": took}
+        points.append(point)
+        print(f"step {step:>4}  train {point['train_s'] / 60:5.1f} min  success {point['overall']:.3f}  "
+              f"trained scenarios {point['trained_scenarios']}  left out {point['left_out_scenarios']}  "
+              f"(eval {took:.0f}s)", flush=True)
+
+    steps = args.steps
+    if steps is None:
+        sec = args.sec_per_step
+        if sec is None:  # a short probe run measures this machine's speed
+            probe = bootstrap_model(BootstrapConfig(
+                target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=5,
+                train_seeds=20, batch_size=args.batch_size, max_length=args.max_length, threads=args.threads,
+                device=args.device, out=str(out / "probe")), progress=False)
+            sec = probe.seconds / 5 * 1.1  # includes collecting the oracle data once
+        steps = max(10, int(args.budget_min * 60 / sec))
+        print(f"~{sec:.1f}s per step -> {steps} steps for {args.budget_min:g} min")
+    every = args.eval_every or max(1, steps // 4)
+    cfg = BootstrapConfig(target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=steps,
+                          batch_size=args.batch_size, lr=args.lr, max_length=args.max_length, threads=args.threads,
+                          device=args.device, train_seeds=max(200, steps * args.batch_size // 2), out=str(out / "model"))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if not args.skip_untrained:
+        evaluate(0, AutoModelForCausalLM.from_pretrained(base.path).to(args.device).eval(),
+                 AutoTokenizer.from_pretrained(base.path), 0.0)
+        eval_time[0] = 0.0
+    result = bootstrap_model(cfg, progress=True, on_checkpoint=evaluate, checkpoint_every=every)
+
+    report = {"target": args.target, "exclude_scenarios": sorted(excluded), "eval_seeds": args.eval_seeds,
+              "oracle": oracle, "steps": steps, "batch_size": args.batch_size, "threads": args.threads,
+              "device": args.device,
+              "model": str(result.path), "final_loss": result.losses[-1], "points": points}
+    (out / "bootstrap_curve.json").write_text(json.dumps(report, indent=2))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    x = [p["train_s"] / 60 for p in points]
+    for key, label in (("overall", "all held-out seeds"), ("trained_scenarios", "scenarios trained on"),
+                       ("left_out_scenarios", f"left out ({', '.join(sorted(excluded))})")):
+        ax.plot(x, [p[key] if p[key] is not None else float("nan") for p in points], marker="o", label=label)
+    ax.axhline(0.30, ls="--", lw=0.8, color="grey", label="goal 30%")
+    ax.set_xlabel("training wall time (min)")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"bootstrap of the {args.preset} model on {args.target}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bootstrap_curve.png")
+    last = points[-1]
+    print(f"\nafter {last['train_s'] / 60:.1f} min: success {last['overall']:.3f} "
+          f"(oracle {oracle['overall']:.3f}; goal 0.30); left-out scenarios {last['left_out_scenarios']}")
+    print(f"written: {out / 'bootstrap_curve.json'}, {out / 'bootstrap_curve.png'}")
+
+
+if __name__ == "__main__":
+    main()

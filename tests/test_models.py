@@ -1,0 +1,193 @@
+"""The tiny offline model: build, reload offline, TRL's template and tool-call parser, SFT warm-up."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gymnasium as gym
+import pytest
+
+from trace_envs.core.conversation import hermes_tool_call
+
+EXAMPLE = "examples/warehouse_stock-v0"
+SCENARIO_ENV = "tests/scenario_warehouse-v0"
+
+
+def nano_model(tmp_path_factory) -> str:
+    """The nano model, built once per test session (later calls are cache hits)."""
+    from trace_train.models import build_model
+
+    out = tmp_path_factory.getbasetemp() / "nano-model"
+    return str(build_model("nano", out=out, env_ids=[EXAMPLE], corpus_seeds=4).path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return nano_model(tmp_path_factory)
+
+
+def _register_scenario_env() -> None:
+    """The worked example with scenario labels ('kitchen' products vs the rest), registered for tests."""
+    import trace_envs  # noqa: F401 - puts examples/ on sys.path
+    import custom_env  # the worked example (examples/ is on sys.path through TRACE_REGISTRY)
+
+    class ScenarioWarehouseEnv(custom_env.WarehouseStockEnv):
+        def task_info(self) -> dict:
+            return {"scenario": "kitchen" if self.product in ("blue kettle", "travel mug") else "other"}
+
+    if SCENARIO_ENV not in gym.registry:
+        gym.register(SCENARIO_ENV, entry_point=ScenarioWarehouseEnv, max_episode_steps=20)
+
+
+def test_build_reloads_offline_with_trl_template(model_dir, tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, get_training_chat_template, parse_response
+
+    from trace_train.models import build_model, qwen3_chat_template
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert tok.chat_template == qwen3_chat_template()  # byte-identical, so TRL recognises it
+    assert get_training_chat_template(tok) is not None  # TRL knows it and has its training variant
+    for marker in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"):
+        ids = tok(marker, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, marker
+        assert tok.convert_ids_to_tokens(ids[0]) == marker
+    assert tok.eos_token == "<|im_end|>"
+    assert len(tok) <= model.config.vocab_size
+
+    # Render a tool call with the chat template, then parse it back with TRL's parser.
+    tools = [{"type": "function", "function": {"name": "get_stock", "description": "Stock of a warehouse.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "warehouse_id": {"type": "string"}},
+                                                   "required": ["warehouse_id"]}}}]
+    messages = [{"role": "user", "content": "How many blue kettles?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "get_stock", "arguments": {"warehouse_id": "WH-02"}}}]}]
+    prompt = tok.apply_chat_template(messages[:1], tools=tools, add_generation_prompt=True, tokenize=False)
+    full = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert full.startswith(prompt) and "<tools>" in prompt
+    completion = full[len(prompt):].rstrip("\n")
+    tok = add_response_schema(tok)
+    parsed = parse_response(tok, tok(completion, add_special_tokens=False)["input_ids"],
+                            prefix=tok(prompt, add_special_tokens=False)["input_ids"])
+    assert parsed["tool_calls"] == [{"type": "function",
+                                     "function": {"name": "get_stock", "arguments": {"warehouse_id": "WH-02"}}}]
+    # The env's own Hermes text is the same shape the template renders.
+    assert hermes_tool_call("get_stock", {"warehouse_id": "WH-02"}) in completion
+
+    # The model runs and the second build is a cache hit at the same place.
+    import torch
+
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        logits = model(**ids).logits
+    assert logits.shape[-1] == model.config.vocab_size
+    again = build_model("nano", out=model_dir, env_ids=[EXAMPLE], corpus_seeds=4)
+    assert again.cached and str(again.path) == model_dir
+
+
+def test_cache_key_follows_content(tmp_path):
+    from trace_train.models import build_model
+
+    a = build_model("nano", env_ids=[EXAMPLE], corpus_seeds=2, out=tmp_path / "a")
+    os.environ["TRACE_CACHE"], old = str(tmp_path / "cache"), os.environ.get("TRACE_CACHE")
+    try:
+        b = build_model("nano", env_ids=[EXAMPLE], corpus_seeds=2)
+        c = build_model("nano", env_ids=[EXAMPLE], corpus_seeds=3)  # other corpus, other key
+    finally:
+        if old is None:
+            os.environ.pop("TRACE_CACHE")
+        else:
+            os.environ["TRACE_CACHE"] = old
+    assert not a.cached and not b.cached and not c.cached
+    assert b.path.parent == tmp_path / "cache" / "models" and b.path.name.startswith("nano-")
+    assert b.path != c.path
+    meta = json.loads((b.path / "trace_model.json").read_text())
+    assert meta["preset"] == "nano" and meta["corpus_envs"] == [EXAMPLE]
+    with pytest.raises(ValueError, match="unknown preset"):
+        build_model("huge", out=tmp_path / "x")
+
+
+def test_oracle_trajectories_leave_out_scenarios():
+    from trace_train.models import oracle_trajectories
+
+    _register_scenario_env()
+    records, counts = oracle_trajectories(SCENARIO_ENV, range(40), exclude_scenarios=["kitchen"])
+    assert counts["kitchen"]["excluded"] > 0 and counts["kitchen"]["kept"] == 0
+    assert counts["other"]["kept"] == len(records) > 0
+    assert {r["scenario"] for r in records} == {"other"}
+    assert all(r["success"] for r in records)
+
+
+def test_sft_segments_match_inference_prompts(model_dir):
+    from transformers import AutoTokenizer
+
+    from trace_envs import OracleAgent, rollout
+    from trace_train.models import render_prompt, sft_rows, sft_segments
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    record = rollout(EXAMPLE, OracleAgent(), seed=3)
+    segments = sft_segments(tok, record)
+    targets = [text for text, is_target in segments if is_target]
+    assistant = [m for m in record["messages"] if m["role"] == "assistant"]
+    assert len(targets) == len(assistant)
+    assert all(t.startswith("<tool_call>") and t.endswith("</tool_call><|im_end|>") for t in targets)
+    # Every target's context is exactly the prompt the agent sees at that turn.
+    context = ""
+    turn = 0
+    for text, is_target in segments:
+        if is_target:
+            i = [k for k, m in enumerate(record["messages"]) if m["role"] == "assistant"][turn]
+            assert context == render_prompt(tok, record["messages"][:i], record["tools"])
+            turn += 1
+        context += text
+    rows, turns, dropped = sft_rows(tok, [record], max_length=4096)
+    assert turns == len(assistant) and dropped == 0
+    ids, labels = rows[0]
+    assert sum(label != -100 for label in labels) == sum(len(tok(t, add_special_tokens=False)["input_ids"])
+                                                        for t in targets)
+    short, turns_short, dropped_short = sft_rows(tok, [record], max_length=len(ids) - 5)
+    assert dropped_short >= 1 and turns_short == turns - dropped_short
+
+
+def test_bootstrap_trains_and_saves(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.models import BootstrapConfig, bootstrap_model, model_env_kwargs, model_metadata
+
+    _register_scenario_env()
+    seen = []
+    cfg = BootstrapConfig(target=SCENARIO_ENV, base=model_dir, exclude_scenarios=("kitchen",), steps=24,
+                          batch_size=2, train_seeds=24, lr=5e-3, warmup_steps=4, out=str(tmp_path / "boot"))
+    result = bootstrap_model(cfg, progress=False, checkpoint_every=12,
+                             on_checkpoint=lambda step, model, tok, secs: seen.append(step))
+    assert seen == [12, 24]
+    assert len(result.losses) == 24
+    first, last = sum(result.losses[:4]) / 4, sum(result.losses[-4:]) / 4
+    assert last < 0.7 * first, result.losses
+    assert (result.path / "loss_curve.png").stat().st_size > 1000
+    assert json.loads((result.path / "loss.json").read_text())["loss"] == result.losses
+    meta = model_metadata(result.path)
+    assert meta["bootstrap"]["exclude_scenarios"] == ["kitchen"]
+    assert meta["bootstrap"]["scenario_counts"]["kitchen"]["kept"] == 0
+    assert model_env_kwargs(result.path, EXAMPLE) == {}  # the example env has no prompt switch
+    AutoModelForCausalLM.from_pretrained(result.path)
+    with pytest.raises(ValueError, match="steps"):
+        BootstrapConfig(target=EXAMPLE, steps=0)
+
+
+def test_cli_model_build(tmp_path, capsys):
+    from trace_train.cli import main
+
+    status = main(["model", "build", "--preset", "nano", "--out", str(tmp_path / "m"), "--envs", EXAMPLE,
+                   "--corpus-seeds", "2"])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "built nano model" in out and str(tmp_path / "m") in out
+    assert (tmp_path / "m" / "config.json").exists() and (tmp_path / "m" / "tokenizer.json").exists()
+    assert main(["model", "build", "--preset", "giant", "--out", str(tmp_path / "g")]) == 2
+    assert main(["model", "bootstrap", "--target", "nope/missing-v0"]) == 2

@@ -1,0 +1,106 @@
+"""``trace model``: the tiny offline model — build it, then warm it up on a target's oracle.
+
+    trace model build [--preset tiny] [--out DIR] [--envs ID ...]
+    trace model bootstrap --target trace/tau_airline-v0 [--exclude-scenarios S ...] [--steps 300]
+
+``build`` trains a tokenizer on the environments' own text, gives it TRL's Qwen3 chat template and
+saves a random-init Qwen3 model (cached by preset and content). ``bootstrap`` is the SFT warm-up on
+oracle trajectories; leaving scenario families out gives a base model with known gaps. It writes the
+model, ``loss.json`` and ``loss_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import CommandError
+from .rollout import REGISTRY_HELP, check_env_ids, load_registries
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    model = subparsers.add_parser("model", help="build and bootstrap the tiny offline model",
+                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model.set_defaults(func=None, _parser=model)
+    verbs = model.add_subparsers(title="subcommands", dest="model_command", metavar="<subcommand>")
+
+    p = verbs.add_parser("build", help="build the random-init tiny Qwen3 model and its tokenizer",
+                         description="Build (or fetch from the cache) a tiny Qwen3 model, offline.")
+    p.add_argument("--preset", default="tiny", help="nano, tiny or small (default: tiny)")
+    p.add_argument("--out", help="output folder (default: the cache, keyed by preset and content)")
+    p.add_argument("--envs", nargs="+", metavar="ID",
+                   help="envs whose text trains the tokenizer (default: every registered env without requirements)")
+    p.add_argument("--corpus-seeds", type=int, default=8, help="oracle episodes per env for the corpus")
+    p.add_argument("--seed", type=int, default=0, help="initialisation seed")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument("--registry", action="append", default=[], metavar="PATH", help=REGISTRY_HELP)
+    p.set_defaults(func=cmd_build)
+
+    p = verbs.add_parser("bootstrap", help="SFT warm-up on a target env's oracle trajectories",
+                         description="SFT warm-up of the tiny model on oracle trajectories of --target.")
+    p.add_argument("--target", required=True, metavar="ID", help="the env whose oracle is imitated")
+    p.add_argument("--base", help="model folder to start from (default: build --preset)")
+    p.add_argument("--preset", default="tiny", help="size preset when --base is not given (default: tiny)")
+    p.add_argument("--exclude-scenarios", nargs="*", default=[], metavar="S",
+                   help="scenario families (task_spec()['scenario']) left out of the warm-up")
+    p.add_argument("--steps", type=int, default=300, help="optimiser steps (default: 300)")
+    p.add_argument("--batch-size", type=int, default=4, help="trajectories per step (default: 4)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
+    p.add_argument("--train-seeds", type=int, default=400, help="oracle episodes collected (default: 400)")
+    p.add_argument("--seed-offset", type=int, default=100_000,
+                   help="first training seed; evaluation seeds below it are held out (default: 100000)")
+    p.add_argument("--max-length", type=int, default=2048, help="longest training sequence in tokens")
+    p.add_argument("--prompt", choices=["compact", "full"], default="compact",
+                   help="the target's prompt size, for envs with a prompt switch (default: compact)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--out", help="output folder (default: in the cache)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--registry", action="append", default=[], metavar="PATH", help=REGISTRY_HELP)
+    p.set_defaults(func=cmd_bootstrap)
+
+
+def cmd_build(args) -> int:
+    trace_envs = load_registries(args.registry)
+    from trace_train.models import PRESETS, build_model
+
+    if args.preset not in PRESETS:
+        raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if args.envs:
+        check_env_ids(trace_envs, args.envs)
+    result = build_model(args.preset, out=args.out, env_ids=args.envs, corpus_seeds=args.corpus_seeds,
+                         seed=args.seed, force=args.force)
+    state = "cached" if result.cached else "built"
+    print(f"{state} {result.preset} model: {result.parameters:,} parameters, vocabulary {result.vocab_size}, "
+          f"{result.seconds:.1f}s")
+    print(result.path)
+    return 0
+
+
+def cmd_bootstrap(args) -> int:
+    trace_envs = load_registries(args.registry)
+    check_env_ids(trace_envs, [args.target])
+    from trace_train.models import PRESETS, BootstrapConfig, bootstrap_model
+
+    if args.preset not in PRESETS:
+        raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    try:
+        cfg = BootstrapConfig(target=args.target, base=args.base, preset=args.preset,
+                              exclude_scenarios=tuple(args.exclude_scenarios), steps=args.steps,
+                              batch_size=args.batch_size, lr=args.lr, train_seeds=args.train_seeds,
+                              seed_offset=args.seed_offset, max_length=args.max_length,
+                              prompt=args.prompt,
+                              threads=args.threads, out=args.out)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    try:
+        result = bootstrap_model(cfg, progress=not args.no_progress)
+    except RuntimeError as exc:
+        if "no oracle trajectories" in str(exc):
+            raise CommandError(str(exc)) from exc
+        raise
+    kept = {s: c for s, c in result.scenario_counts.items()}
+    print(f"trained {len(result.losses)} steps on {result.examples} episodes ({result.turns} assistant turns) "
+          f"in {result.seconds:.0f}s; loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
+    print(f"scenarios: {kept}")
+    print(f"loss curve: {result.path / 'loss_curve.png'}")
+    print(result.path)
+    return 0

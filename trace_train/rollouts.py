@@ -1,0 +1,361 @@
+"""Many episodes at once: N seeds × K samples over env ids, batched agents, resumable JSONL.
+
+:func:`run_rollouts` keeps ``in_flight`` episodes open at the same time. Each round it asks the agent
+for the next turn of every open episode in one call — ``agent.act_batch(observations, infos)`` when the
+agent has it (:class:`~trace_train.agents.HFAgent` batches generation, :class:`~trace_train.agents.OpenAIChatAgent`
+sends concurrent requests) — and steps the envs. A finished episode is appended to the JSONL file at
+once, as one line in one ``write`` (DESIGN.md, "Trajectories"), so a killed run loses at most the
+episodes in flight. Running the same command again reads the file, skips every
+``(env_id, seed, sample)`` already there (a torn last line from a kill is cut off first) and runs the
+rest: each episode ends up in the file exactly once.
+
+Agents without ``act_batch`` are called one episode at a time; stateful ones (the oracle, planted-deficit
+agents) get one copy per open episode, so their per-episode state never mixes.
+
+:func:`export_parquet` turns a trajectory file into a Parquet table (nested fields as JSON strings).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import gymnasium as gym
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int, int]
+
+
+@dataclass
+class RolloutSummary:
+    """What :func:`run_rollouts` did."""
+
+    path: Path | None
+    total: int
+    skipped: int
+    ran: int
+    mean_reward: float
+    success_rate: float
+    seconds: float
+    episodes_per_second: float
+    records: list[dict] = field(default_factory=list, repr=False)
+
+
+def record_key(record: dict) -> Key:
+    return (str(record["env_id"]), int(record["seed"]), int(record.get("sample", 0)))
+
+
+def read_trajectories(path: str | Path, repair: bool = False) -> list[dict]:
+    """Read a trajectory JSONL file.
+
+    A last line without its newline is what a killed writer leaves behind: with ``repair`` the file is
+    cut back to the last complete line, otherwise that line is ignored. A broken line in the middle
+    is skipped with a warning.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    records: list[dict] = []
+    complete = data.rfind(b"\n") + 1
+    if complete < len(data):
+        logger.warning("%s ends with a partial line (%d bytes), from an interrupted run; %s", path,
+                       len(data) - complete, "removing it" if repair else "ignoring it")
+        if repair:
+            with open(path, "r+b") as f:
+                f.truncate(complete)
+    for n, line in enumerate(data[:complete].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("%s line %d is not valid JSON; skipped", path, n)
+    return records
+
+
+def _task_labels(env: gym.Env) -> tuple[dict, str | None]:
+    """The env's ``task_info()`` labels and the task's scenario (from them, or from ``task_spec()``)."""
+    base = env.unwrapped
+    try:
+        info = dict(base.task_info()) if hasattr(base, "task_info") else {}
+    except Exception:
+        info = {}
+    scenario = info.get("scenario")
+    if scenario is None:
+        try:
+            spec = base.task_spec()
+            scenario = spec.get("scenario") if isinstance(spec, dict) else None
+        except Exception:
+            scenario = None
+    return info, None if scenario is None else str(scenario)
+
+
+class _Episode:
+    __slots__ = ("key", "env", "agent", "obs", "info", "steps", "reward", "done", "truncated", "t0", "reset_s",
+                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task")
+
+    def __init__(self, key: Key, env: gym.Env, agent: Any, cap: int) -> None:
+        self.key, self.env, self.agent, self.cap = key, env, agent, cap
+        self.steps, self.reward, self.done, self.truncated = 0, 0.0, False, False
+        self.agent_s = self.env_s = 0.0
+        self.agent_errors = 0
+
+
+def _is_agent_error(action: Any) -> bool:
+    return isinstance(action, str) and action.startswith("<tool_call>[agent error]")
+
+
+def _record(ep: _Episode, agent_name: str) -> dict:
+    env_id, seed, sample = ep.key
+    info = ep.info
+    terminated = ep.done and not ep.truncated
+    return {
+        "env_id": env_id,
+        "seed": seed,
+        "sample": sample,
+        "agent": agent_name,
+        "task": ep.task,
+        "scenario": ep.scenario,
+        "messages": info.get("messages", []),
+        "tools": info.get("tools", []),
+        "reward": ep.reward,
+        "reward_breakdown": info.get("reward_breakdown", {}),
+        "success": bool(info.get("success", False)) if terminated else False,
+        "termination": (info.get("termination") or "terminated") if terminated else "max_steps",
+        "steps": ep.steps,
+        "agent_errors": ep.agent_errors,
+        "timing": {"reset_s": ep.reset_s, "env_s": ep.env_s, "agent_s": ep.agent_s,
+                   "wall_s": time.perf_counter() - ep.t0},
+    }
+
+
+class _Lock:
+    """An exclusive lock on ``<file>.lock`` so that two runs never append to the same file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_name(path.name + ".lock")
+        self.fd: int | None = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise RuntimeError(f"another rollout run is writing {self.path.with_suffix('')}; wait for it or use "
+                               "another --out file") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int], samples: int = 1,
+                 out: str | Path | None = None, in_flight: int = 8, reset_options: dict | None = None,
+                 env_kwargs: dict | Callable[[str], dict] | None = None, max_steps: int | None = None, progress: bool = True,
+                 agent_name: str | None = None, keep_records: bool = False) -> RolloutSummary:
+    """Run every (env id, seed, sample) once and append the trajectories to ``out``.
+
+    Args:
+        env_ids: one registered id or several.
+        agent: ``agent(observation, info) -> action``; with ``act_batch(observations, infos)`` it is
+            called once per round for all open episodes; without it, it is deep-copied per open episode
+            when it has per-episode state (a ``reset`` method).
+        seeds: episode seeds (the task is a pure function of the seed).
+        samples: K episodes per (env id, seed), numbered 0..K-1 (sampling agents give different ones).
+        out: the JSONL file; existing episodes in it are skipped (resume). None keeps records in memory only.
+        in_flight: episodes open at once.
+        reset_options: passed to every ``env.reset``.
+        env_kwargs: passed to ``gym.make``: one dict for every env id, or a function ``env_id -> dict``.
+        max_steps: step cap for envs without ``max_episode_steps`` (default 200).
+        progress: show a tqdm bar (episodes, mean reward so far, episodes/s).
+        agent_name: name written into records (default ``agent.name``).
+        keep_records: also return this run's records in the summary.
+
+    Returns:
+        A :class:`RolloutSummary`.
+    """
+    import trace_envs  # noqa: F401 - registers the ids
+
+    from tqdm.auto import tqdm
+
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+    seeds = [int(s) for s in seeds]
+    todo: list[Key] = [(e, s, k) for e in ids for s in seeds for k in range(samples)]
+    name = agent_name or getattr(agent, "name", type(agent).__name__)
+    batched = hasattr(agent, "act_batch")
+    stateful = not batched and hasattr(agent, "reset")
+
+    path = Path(out) if out is not None else None
+    lock = None
+    existing: list[dict] = []
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _Lock(path).__enter__()
+        existing = read_trajectories(path, repair=True)
+    try:
+        done = {record_key(r) for r in existing if "env_id" in r and "seed" in r}
+        wanted = set(todo)
+        prior = [r for r in existing if record_key(r) in wanted]
+        pending = deque(k for k in todo if k not in done)
+        skipped = len(todo) - len(pending)
+        rewards = [float(r.get("reward", 0.0)) for r in prior]
+        successes = [bool(r.get("success")) for r in prior]
+        records: list[dict] = []
+        free_envs: dict[str, list[gym.Env]] = {}
+        all_envs: list[gym.Env] = []
+        open_eps: list[_Episode] = []
+        sink = open(path, "ab") if path is not None else None
+        t_start = time.perf_counter()
+        ran = 0
+        bar = tqdm(total=len(todo), initial=skipped, desc="rollouts", unit="ep", disable=not progress,
+                   dynamic_ncols=True)
+
+        def take_env(env_id: str) -> gym.Env:
+            pool = free_envs.setdefault(env_id, [])
+            if pool:
+                return pool.pop()
+            kwargs = env_kwargs(env_id) if callable(env_kwargs) else (env_kwargs or {})
+            env = gym.make(env_id, **kwargs)
+            all_envs.append(env)
+            return env
+
+        def start(key: Key) -> _Episode:
+            env = take_env(key[0])
+            cap = max_steps or (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 200)
+            ep_agent = agent if not stateful else copy.deepcopy(agent)
+            ep = _Episode(key, env, ep_agent, cap)
+            ep.t0 = time.perf_counter()
+            ep.obs, ep.info = env.reset(seed=key[1], options=reset_options)
+            ep.reset_s = time.perf_counter() - ep.t0
+            ep.task, ep.scenario = _task_labels(env)
+            if hasattr(ep_agent, "reset"):
+                ep_agent.reset(env.unwrapped, ep.obs, ep.info)
+            return ep
+
+        def finish(ep: _Episode) -> None:
+            nonlocal ran
+            record = _record(ep, name)
+            if sink is not None:
+                sink.write((json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
+                sink.flush()
+                os.fsync(sink.fileno())
+            if keep_records:
+                records.append(record)
+            free_envs.setdefault(ep.key[0], []).append(ep.env)
+            rewards.append(record["reward"])
+            successes.append(record["success"])
+            ran += 1
+            elapsed = time.perf_counter() - t_start
+            bar.update(1)
+            bar.set_postfix(reward=f"{sum(rewards) / len(rewards):.3f}",
+                            success=f"{sum(successes) / len(successes):.2f}",
+                            eps=f"{ran / elapsed:.2f}/s" if elapsed > 0 else "-")
+
+        try:
+            while pending or open_eps:
+                while pending and len(open_eps) < in_flight:
+                    open_eps.append(start(pending.popleft()))
+                t1 = time.perf_counter()
+                if batched:
+                    actions = list(agent.act_batch([e.obs for e in open_eps], [e.info for e in open_eps]))
+                    if len(actions) != len(open_eps):
+                        raise RuntimeError(f"{name}.act_batch returned {len(actions)} actions for "
+                                           f"{len(open_eps)} episodes")
+                    share = (time.perf_counter() - t1) / len(open_eps)
+                    for e in open_eps:
+                        e.agent_s += share
+                else:
+                    actions = []
+                    for e in open_eps:
+                        t2 = time.perf_counter()
+                        actions.append(e.agent(e.obs, e.info))
+                        e.agent_s += time.perf_counter() - t2
+                still_open = []
+                for e, action in zip(open_eps, actions):
+                    e.agent_errors += int(_is_agent_error(action))
+                    t3 = time.perf_counter()
+                    e.obs, r, terminated, truncated, e.info = e.env.step(action)
+                    e.env_s += time.perf_counter() - t3
+                    e.reward += float(r)
+                    e.steps += 1
+                    if terminated or truncated or e.steps >= e.cap:
+                        e.done, e.truncated = True, not terminated
+                        finish(e)
+                    else:
+                        still_open.append(e)
+                open_eps = still_open
+        finally:
+            bar.close()
+            if sink is not None:
+                sink.close()
+            for env in all_envs:
+                try:
+                    env.close()
+                except Exception:  # closing must not hide the real error
+                    logger.exception("closing an env failed")
+        seconds = time.perf_counter() - t_start
+        return RolloutSummary(
+            path=path, total=len(todo), skipped=skipped, ran=ran,
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            success_rate=sum(successes) / len(successes) if successes else 0.0,
+            seconds=seconds, episodes_per_second=ran / seconds if seconds > 0 else 0.0, records=records)
+    finally:
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+
+#: Columns of the Parquet export; nested values (messages, tools, reward_breakdown, timing) are JSON strings.
+PARQUET_COLUMNS = ("env_id", "seed", "sample", "agent", "scenario", "reward", "success", "termination", "steps",
+                   "agent_errors", "wall_s", "messages", "tools", "reward_breakdown", "timing")
+
+
+def export_parquet(jsonl: str | Path, parquet: str | Path | None = None) -> Path:
+    """Write a trajectory JSONL file as Parquet (one row per episode); returns the Parquet path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = Path(jsonl)
+    target = Path(parquet) if parquet else jsonl.with_suffix(".parquet")
+    records = read_trajectories(jsonl)
+    columns: dict[str, list] = {c: [] for c in PARQUET_COLUMNS}
+    for r in records:
+        columns["env_id"].append(str(r.get("env_id")))
+        columns["seed"].append(None if r.get("seed") is None else int(r["seed"]))
+        columns["sample"].append(int(r.get("sample", 0)))
+        columns["agent"].append(str(r.get("agent", "")))
+        columns["scenario"].append(None if r.get("scenario") is None else str(r["scenario"]))
+        columns["reward"].append(float(r.get("reward", 0.0)))
+        columns["success"].append(bool(r.get("success", False)))
+        columns["termination"].append(str(r.get("termination", "")))
+        columns["steps"].append(int(r.get("steps", 0)))
+        columns["agent_errors"].append(int(r.get("agent_errors", 0)))
+        columns["wall_s"].append(float((r.get("timing") or {}).get("wall_s", 0.0)))
+        for c in ("messages", "tools", "reward_breakdown", "timing"):
+            columns[c].append(json.dumps(r.get(c), ensure_ascii=False, default=str))
+    schema = pa.schema([("env_id", pa.string()), ("seed", pa.int64()), ("sample", pa.int64()),
+                        ("agent", pa.string()), ("scenario", pa.string()), ("reward", pa.float64()),
+                        ("success", pa.bool_()), ("termination", pa.string()), ("steps", pa.int64()),
+                        ("agent_errors", pa.int64()), ("wall_s", pa.float64()), ("messages", pa.string()),
+                        ("tools", pa.string()), ("reward_breakdown", pa.string()), ("timing", pa.string())])
+    pq.write_table(pa.table(columns, schema=schema), target)
+    return target
