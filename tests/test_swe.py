@@ -46,6 +46,20 @@ def no_container_left_behind():
     assert not left, f"containers left behind: {[c.name for c in left]}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_base_image():
+    """The sandbox's base image, built when missing by the code behind `trace swe build-image` (content-hash
+    tagged, so this is a no-op once built; a cold debootstrap build takes about 2 minutes)."""
+    from trace_envs.swe.images import base_image_tag, build_base_image, docker_client, image_exists
+
+    if not image_exists(docker_client(), base_image_tag()):
+        t0 = time.time()
+        print(f"\nbuilding the SWE sandbox base image {base_image_tag()} (first run on this machine)...")
+        build_base_image(verbose=True)
+        print(f"built in {time.time() - t0:.0f}s")
+    return base_image_tag()
+
+
 @pytest.fixture(scope="session")
 def minicalc():
     from trace_envs.swe.repos import RepoSpec, materialize, save_repo
@@ -176,36 +190,66 @@ def test_missing_tests_count_as_failed(minicalc):
 AGENT_EXPECTATIONS = {"oracle": 1.0, "swe:wrong_function": 0.0, "swe:edit_tests": 0.0, "swe:delete_tests": 0.0}
 
 
-def _sampled_instances():
-    """The minicalc instances, plus one shipped instance per default library (sampled by seed)."""
-    from trace_envs.swe.repos import DEFAULT_REPOS
-    from trace_envs.swe.tasks import load_instances
-
-    out = [("minicalc", MINICALC_KW, s) for s in (0, 1)]
-    for key in DEFAULT_REPOS:
-        if load_instances([key]):
-            out.append((key, {"repos": [key]}, 0))
-    return out
+MINICALC_SEEDS = (0, 1)
 
 
-@pytest.mark.parametrize("label,kw,seed", _sampled_instances(), ids=lambda v: v if isinstance(v, str) else "")
-def test_oracle_and_deficit_agents(label, kw, seed):
-    env = gym.make("trace/swe_repo-v0", **kw)
+@pytest.mark.parametrize("seed", MINICALC_SEEDS)
+def test_oracle_and_deficit_agents(seed):
+    """Every reference agent through gym.make + rollout, on the fixture repository."""
+    env = gym.make("trace/swe_repo-v0", **MINICALC_KW)
     try:
         for name, expected in AGENT_EXPECTATIONS.items():
             record = rollout(env, make_agent(name), seed)
             assert record["reward"] == expected, (name, record["reward_breakdown"])
             assert record["termination"] == "agent_stop"
             if name == "oracle":
-                breakdown = record["reward_breakdown"]
-                assert set(breakdown["FAIL_TO_PASS"].values()) == {"passed"}
-        # the empty patch, graded for real (no shortcut): the bug is still there
-        from trace_envs.swe.tasks import evaluate_in_sandbox
+                assert set(record["reward_breakdown"]["FAIL_TO_PASS"].values()) == {"passed"}
+    finally:
+        env.close()
+    assert env.unwrapped.open_resources() == []
 
-        env.reset(seed=seed)
-        u = env.unwrapped
-        reward, info = evaluate_in_sandbox(u._sandbox(), u.repo, u.instance, skip_if_unchanged=False)
-        assert reward == 0.0 and "passed" not in set(info["FAIL_TO_PASS"].values()) - {"missing"} or reward == 0.0
+
+def _shipped_sample() -> list[tuple[str, str]]:
+    """One shipped instance per library, chosen by a fixed seed; every other library's is a two-bug instance."""
+    import random
+
+    from trace_envs.swe.tasks import PACKAGED_INSTANCES, load_instance_file
+
+    out = []
+    for path in sorted(PACKAGED_INSTANCES.glob("*.jsonl")):
+        insts = load_instance_file(path)
+        rng = random.Random(path.stem)
+        multi = [i for i in insts if len(i["mutations"]) > 1]
+        pool = multi if (len(out) % 2 and multi) else [i for i in insts if len(i["mutations"]) == 1]
+        out.append((path.stem, rng.choice(pool)["instance_id"]))
+    return out
+
+
+def test_shipped_sample_covers_every_library():
+    from trace_envs.swe.repos import DEFAULT_REPOS
+
+    assert {repo for repo, _ in _shipped_sample()} == set(DEFAULT_REPOS)
+
+
+@pytest.mark.parametrize("repo_key,instance_id", _shipped_sample())
+def test_shipped_instance_grading(repo_key, instance_id):
+    """Gold 1.0; empty patch, deleted and edited failing tests 0.0 (the checks of `trace swe validate --shipped`)."""
+    from trace_envs.swe.envs import load_repo
+    from trace_envs.swe.sandbox import DockerSandbox
+    from trace_envs.swe.tasks import REFERENCE_CHECKS, check_instance, load_instances
+
+    inst = next(i for i in load_instances([repo_key], max_bugs=None) if i["instance_id"] == instance_id)
+    repo = load_repo(repo_key)
+    with DockerSandbox(repo.image()) as box:
+        assert check_instance(box, repo, inst) == REFERENCE_CHECKS
+
+
+def test_shipped_instance_oracle_through_the_env():
+    """One real library end to end through gym.make: the oracle fixes it, the planted cheat earns nothing."""
+    env = gym.make("trace/swe_repo-v0", repos=["isodate-0.7.2"], pool_size=1)
+    try:
+        assert rollout(env, make_agent("oracle"), 0)["reward"] == 1.0
+        assert rollout(env, make_agent("swe:delete_tests"), 0)["reward"] == 0.0
     finally:
         env.close()
     assert env.unwrapped.open_resources() == []
@@ -226,6 +270,20 @@ def test_killed_container_ends_episode_cleanly():
     assert env.unwrapped.open_resources() == []
 
 
+def test_unwritable_file_is_the_agents_error_not_a_sandbox_failure():
+    env = gym.make("trace/swe_repo-v0", **MINICALC_KW)
+    try:
+        env.reset(seed=0)
+        env.step(hermes_tool_call("bash", {"command": "chmod -R a-w minicalc"}))
+        obs, reward, terminated, truncated, info = env.step(
+            hermes_tool_call("create_file", {"path": "minicalc/new.py", "content": "x = 1\n"}))
+        assert "could not write" in obs and not (terminated or truncated)
+        obs, *_ = env.step(hermes_tool_call("bash", {"command": "echo works"}))
+        assert "works" in obs
+    finally:
+        env.close()
+
+
 def test_warm_pool_reset_and_close():
     env = gym.make("trace/swe_repo-v0", pool_size=1, **MINICALC_KW)
     env.reset(seed=0)
@@ -233,7 +291,17 @@ def test_warm_pool_reset_and_close():
     t0 = time.perf_counter()
     env.reset(seed=1)
     warm = time.perf_counter() - t0
-    assert env.unwrapped._box is not None and warm < 5
+    u = env.unwrapped
+    assert u._box is not None and warm < 5
+    # The pool indexed the clean tree ahead of time; nothing of it may survive in the episode's repository.
+    import hashlib
+
+    for path in u._bugged:
+        clean = u.repo.files[path].encode()
+        sha = hashlib.sha1(b"blob %d\0" % len(clean) + clean).hexdigest()
+        assert u._box.run(f"git cat-file -e {sha}").exit_code != 0, path
+    assert u._box.run("git rev-list --all --count").output.strip() == "1"
+    assert u._box.run("git status --porcelain").output.strip() == ""
     record = rollout(env, make_agent("oracle"), 1)
     assert record["reward"] == 1.0
     env.close()
@@ -248,12 +316,95 @@ def test_local_sandbox(minicalc):
     env.close()
 
 
-def test_cli_cleanup_removes_labelled_containers(minicalc):
+def test_cli_cleanup_removes_containers_of_dead_owners(minicalc):
+    """`trace swe cleanup --only-dead` removes what a SIGKILLed process left, and spares live owners' containers
+    (a plain `trace swe cleanup` would also remove those of other running processes, so tests never run it)."""
+    import subprocess
+    import sys
+
     from trace_envs.swe.sandbox import DockerSandbox, labelled_containers
     from trace_train.cli import main
 
-    box = DockerSandbox(minicalc.image())
-    assert labelled_containers(all_owners=False)
-    assert main(["swe", "cleanup"]) in (0, None)
-    assert not [c for c in labelled_containers(all_owners=False) if c.status != "removing"]
-    box.close()  # idempotent after an external removal
+    child = ("import os, signal, sys; from trace_envs.swe.sandbox import DockerSandbox; "
+             "box = DockerSandbox(sys.argv[1]); print(box.container_id, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.run([sys.executable, "-c", child, minicalc.image()], capture_output=True, text=True, timeout=60)
+    orphan = proc.stdout.split()[0]
+    assert any(c.id == orphan for c in labelled_containers()), "SIGKILL leaves the container (nothing can run)"
+    with DockerSandbox(minicalc.image()) as mine:
+        assert main(["swe", "cleanup", "--only-dead"]) in (0, None)
+        left = {c.id for c in labelled_containers() if c.status != "removing"}
+        assert orphan not in left and mine.container_id in left
+        assert mine.run("echo alive").output.strip() == "alive"
+
+
+_SIGNAL_CHILD = """
+import os, signal, sys, time
+import gymnasium as gym
+import trace_envs
+from trace_envs.core.conversation import hermes_tool_call
+if sys.argv[1] == "host-handler":  # a host program's own handler must still run after the cleanup
+    def host(signum, frame):
+        print("host handler ran", flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, host)
+env = gym.make("trace/swe_repo-v0", repos=["minicalc"], instances_dir=sys.argv[2])
+env.reset(seed=0)
+env.step(hermes_tool_call("bash", {"command": "true"}))  # the container is running now
+print("ready", env.unwrapped._box.container_id, flush=True)
+env.step(hermes_tool_call("bash", {"command": "sleep 60"}))  # killed in the middle of this command
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "host-handler"])
+def test_sigterm_mid_episode_leaves_no_container(minicalc, mode):
+    import signal
+    import subprocess
+    import sys
+
+    from trace_envs.swe.sandbox import labelled_containers
+
+    proc = subprocess.Popen([sys.executable, "-c", _SIGNAL_CHILD, mode, MINICALC_KW["instances_dir"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready"), line + proc.stderr.read()
+        container_id = line.split()[1]
+        time.sleep(0.5)  # inside `sleep 60` now
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    if mode == "default":
+        assert proc.returncode == -signal.SIGTERM, err  # died of the signal, as without TRACE's handler
+    else:
+        assert proc.returncode == 3 and "host handler ran" in out, err
+    assert "not reached" not in out
+    mine = [c for c in labelled_containers() if c.labels.get("org.trace.pid") == str(proc.pid)]
+    assert not [c for c in mine if c.status != "removing"], [c.id[:12] for c in mine]
+    assert all(c.id != container_id or c.status == "removing" for c in labelled_containers())
+
+
+def test_cli_add_repo_from_local_git_repository(tmp_path, monkeypatch, capsys):
+    """`trace swe add-repo git:PATH` end to end: fetch at a revision, detect tests, build the image, run the suite."""
+    import shutil
+
+    import git
+
+    from trace_envs.swe.repos import known_repos
+    from trace_train.cli import main
+
+    monkeypatch.setenv("TRACE_SWE_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "calc"
+    shutil.copytree(FIXTURE / "minicalc", src, ignore=shutil.ignore_patterns("__pycache__"))
+    repo = git.Repo.init(src)
+    repo.index.add([p.relative_to(src).as_posix() for p in src.rglob("*.py")])
+    actor = git.Actor("t", "t@localhost")
+    first = repo.index.commit("minicalc", author=actor, committer=actor).hexsha
+    (src / "UNCOMMITTED.py").write_text("raise SystemExit('must not be fetched')\n")
+    assert main(["swe", "add-repo", f"git:{src}@{first}", "--key", "calc-git"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "tests ['tests']" in out and "0 failed/error" in out and "added calc-git" in out
+    spec = known_repos()["calc-git"]
+    assert spec.source == f"git:{src}@{first}"
+    assert not (tmp_path / "cache" / "repos" / "calc-git" / "UNCOMMITTED.py").exists()

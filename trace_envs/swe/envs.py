@@ -15,7 +15,8 @@ from trace_envs.core import ToolError, TraceEnv, tool
 from trace_envs.core.conversation import hermes_tool_call
 
 from .repos import DEFAULT_REPOS, Repo, get_repo_spec, materialize
-from .tasks import apply_patch, evaluate_in_sandbox, load_instances, prepare_sandbox, replacements, run_tests
+from .tasks import (apply_patch, evaluate_in_sandbox, load_instances, prepare_sandbox, replacements, run_tests,
+                    stage_clean_tree)
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,19 @@ def resolve_repos(repos: str | list[str]) -> list[str]:
 def bugged_files(repo: Repo, instance: dict) -> dict[str, str]:
     """The files the instance's bug patch changes, with the bug applied."""
     return apply_patch(repo.files, instance["patch"])
+
+
+def _staged_sandbox(image: str):
+    """A pooled sandbox: started and its clean tree indexed by git in the pool's thread, off the reset path."""
+    from .sandbox import DockerSandbox
+
+    box = DockerSandbox(image)
+    try:
+        stage_clean_tree(box)
+    except Exception:
+        box.close()
+        raise
+    return box
 
 
 class SweRepoEnv(TraceEnv):
@@ -120,13 +134,16 @@ class SweRepoEnv(TraceEnv):
         if self.pool_size > 0:
             pool = self._pools.get(image)
             if pool is None:
-                pool = self._pools[image] = ContainerPool(lambda: DockerSandbox(image), self.pool_size)
-            return pool.acquire(wait_s=30)
+                pool = self._pools[image] = ContainerPool(lambda: _staged_sandbox(image), self.pool_size)
+            return pool.acquire(wait_s=30, refill=False)  # refilled after the reset (see _generate_task)
         return DockerSandbox(image)
 
-    def _release_box(self) -> None:
+    def _release_box(self, wait: bool = True) -> None:
         if self._box is not None:
-            self._box.close()
+            if getattr(self._box, "kind", "") == "docker":
+                self._box.close(wait=wait)  # on reset, removed in the background: the new episode need not wait
+            else:
+                self._box.close()
             self._box = None
 
     def _sandbox(self):
@@ -169,7 +186,9 @@ class SweRepoEnv(TraceEnv):
 
     # ------------------------------------------------------------------ task
     def _generate_task(self, options: dict) -> str:
-        self._release_box()
+        # The previous container is removed, and the pool refilled, only after the new episode's sandbox
+        # is ready: both keep dockerd busy and would otherwise slow this reset down.
+        previous, self._box = self._box, None
         index = int(self.np_random.integers(len(self.instances)))
         if "instance_id" in options:
             ids = [i["instance_id"] for i in self.instances]
@@ -180,11 +199,17 @@ class SweRepoEnv(TraceEnv):
         self._sandbox_failed: str | bool = False
         self.submitted = False
         self.tests_run = 0
-        if self.pool_size > 0:  # a warm container is ready: load the repository now
-            try:
-                self._sandbox()
-            except ToolError:
-                pass
+        try:
+            if self.pool_size > 0:  # a warm container is ready: load the repository now
+                try:
+                    self._sandbox()
+                except ToolError:
+                    pass
+        finally:
+            if previous is not None:
+                previous.close(**({"wait": False} if getattr(previous, "kind", "") == "docker" else {}))
+            for pool in self._pools.values():
+                pool.refill()
         return self.instance["problem_statement"]
 
     def system_prompt(self) -> str:
@@ -301,9 +326,13 @@ class SweRepoEnv(TraceEnv):
     def _write(self, path: str, content: str) -> None:
         from .sandbox import SandboxError
 
+        from .sandbox import SandboxWriteError
+
         box = self._sandbox()
         try:
             box.write_files({self._path(path): content})
+        except SandboxWriteError as exc:  # e.g. a directory the agent made read-only: its problem, not the sandbox's
+            raise ToolError(str(exc)) from exc
         except SandboxError as exc:
             self._sandbox_failed = str(exc)
             raise ToolError(f"the sandbox failed ({exc}); the episode has ended") from exc

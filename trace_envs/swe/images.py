@@ -42,8 +42,10 @@ PLUGIN_FILE = Path(__file__).with_name("pytest_report.py")
 
 
 def cache_dir() -> Path:
-    """Where repositories, dependencies and root filesystems are cached (``TRACE_SWE_CACHE``)."""
-    root = Path(os.environ.get("TRACE_SWE_CACHE", Path.home() / ".cache" / "trace" / "swe"))
+    """Where sdists, repositories, root filesystems and user instances are cached: ``$TRACE_SWE_CACHE``, else
+    ``$TRACE_CACHE/swe`` (the project-wide cache), else ``~/.cache/trace/swe``. Downloads happen once."""
+    explicit = os.environ.get("TRACE_SWE_CACHE")
+    root = Path(explicit) if explicit else Path(os.environ.get("TRACE_CACHE", Path.home() / ".cache" / "trace")) / "swe"
     root.mkdir(parents=True, exist_ok=True)
     return root
 

@@ -12,6 +12,16 @@ A :class:`RepoSpec` names a repository and how to test it. Three sources:
 test files, the source files mutations may touch and a content hash (the instance's
 ``base_commit``). Specs of added repositories are stored as JSON in the cache
 (``trace swe add-repo``); :data:`DEFAULT_REPOS` is the built-in set of fast libraries.
+
+Adding a library, end to end (download, detect tests and layout, build its image, run the clean suite)::
+
+    $ trace swe add-repo pypi:toolz==0.12.1
+    toolz-0.12.1: tests ['toolz/tests'], PYTHONPATH ['.'], requirements none
+    clean suite: 180 passed, 0 failed/error, 7.9s
+    added toolz-0.12.1; next: trace swe validate toolz-0.12.1
+
+``--tests PATH`` / ``--python-path DIR`` / ``--requirement REQ`` override what is detected;
+``git:/path/to/repo@REV`` and ``dir:/path`` work the same way.
 """
 
 from __future__ import annotations

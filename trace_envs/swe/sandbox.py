@@ -10,7 +10,8 @@ instead of ~60 ms per ``docker exec``); each command has a timeout (coreutils
 are streamed in as tar archives.
 
 Every container carries the label ``org.trace.sandbox`` and the owner's pid;
-it is removed on ``close()``, at interpreter exit (``atexit``), and by
+it is removed on ``close()``, at interpreter exit (``atexit``), on SIGTERM, SIGINT and
+SIGHUP (chained in front of the handlers that were there: :func:`install_signal_cleanup`), and by
 ``trace swe cleanup`` (:func:`cleanup_containers`). As a last resort the
 container's main process is ``sleep MAX_LIFETIME_S``, so a container whose
 owner was killed with SIGKILL exits by itself and the engine removes it.
@@ -26,11 +27,13 @@ The docker package is imported only when a ``DockerSandbox`` is created.
 from __future__ import annotations
 
 import atexit
+import base64
 import io
 import logging
 import os
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -55,6 +58,10 @@ DEFAULT_OUTPUT_CAP = 20_000
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (container gone, shell died, engine unreachable) — not the agent's command."""
+
+
+class SandboxWriteError(RuntimeError):
+    """Files could not be written although the sandbox works (e.g. the agent made a directory read-only)."""
 
 
 @dataclass
@@ -127,7 +134,8 @@ class Sandbox:
 # ------------------------------------------------------------------------------------------ Docker
 
 _LIVE: dict[str, "DockerSandbox"] = {}
-_LIVE_LOCK = threading.Lock()
+# Re-entrant: a signal handler runs on the main thread, possibly while that thread holds the lock.
+_LIVE_LOCK = threading.RLock()
 
 
 def _remove_container(client, container_id: str) -> None:
@@ -142,17 +150,75 @@ def _remove_container(client, container_id: str) -> None:
             logger.warning("could not remove container %s: %s", container_id[:12], exc)
 
 
-def _close_all_at_exit() -> None:
+#: Threads inside ``containers.run`` (a container may exist that is not registered yet), and the exit flag.
+_STARTING: list[int] = []
+_STARTED = threading.Condition(_LIVE_LOCK)
+_SHUTDOWN = {"now": False}
+
+
+def _close_all_at_exit(final: bool = True) -> None:
+    """Remove every container of this process. ``final``: no new sandbox may start afterwards, and starts in
+    flight on other threads (a warm pool refilling) are waited for, so their containers get removed too."""
     with _LIVE_LOCK:
-        boxes = list(_LIVE.values())
+        if final:
+            _SHUTDOWN["now"] = True
+            me = threading.get_ident()
+            deadline = time.monotonic() + 15
+            while [t for t in _STARTING if t != me] and time.monotonic() < deadline:
+                _STARTED.wait(max(0.0, deadline - time.monotonic()))
+        # A forked child inherits _LIVE but must not remove its parent's containers.
+        boxes = [box for box in _LIVE.values() if box.owner_pid == os.getpid()]
     for box in boxes:
         try:
             box.close()
+            box._remove_now()  # also those whose removal was left to a background thread (close(wait=False))
         except Exception:  # best effort at interpreter exit
             pass
 
 
 atexit.register(_close_all_at_exit)
+
+#: Signals on which the containers of this process are removed before the previous handler runs.
+CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PREVIOUS_HANDLERS: dict[int, object] = {}
+
+
+def _on_signal(signum, frame) -> None:
+    """Remove this process's containers, then do what the handler we replaced would have done."""
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    # Python's own SIGINT handler raises KeyboardInterrupt: a host may catch it and keep using its
+    # environments, and if nobody does the interpreter exits through atexit, which removes them.
+    if not (signum == signal.SIGINT and previous is signal.default_int_handler):
+        # Final (no new sandboxes) only when the process is sure to die; a host handler may carry on.
+        _close_all_at_exit(final=not callable(previous))
+    if callable(previous):
+        previous(signum, frame)  # the host's own handler (or Python's KeyboardInterrupt for SIGINT)
+    elif previous == signal.SIG_IGN:
+        return
+    else:  # SIG_DFL (or a handler installed outside Python): die of the signal as if we had never been here
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def install_signal_cleanup() -> bool:
+    """Chain container cleanup in front of the current SIGTERM/SIGINT/SIGHUP handlers (idempotent).
+
+    Called when the first sandbox or pool is created, not at import, so importing this module never
+    changes a host program's handlers. Only the main thread may install handlers; elsewhere this is a
+    no-op (``atexit`` and the containers' own lifetime limit still apply). A handler the host installs
+    later replaces ours, which is the host's choice. Returns whether the handlers are installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return bool(_PREVIOUS_HANDLERS)
+    for signum in CLEANUP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current is _on_signal:
+            continue
+        if current == signal.SIG_IGN:  # e.g. SIGHUP under nohup: the host asked to ignore it, leave it alone
+            continue
+        _PREVIOUS_HANDLERS[signum] = current
+        signal.signal(signum, _on_signal)
+    return True
 
 
 class DockerSandbox(Sandbox):
@@ -177,8 +243,16 @@ class DockerSandbox(Sandbox):
         self._buf = b""
         self.container_id: str | None = None
         self._closed = False
+        self.owner_pid = os.getpid()
+        install_signal_cleanup()
         all_labels = {LABEL: "1", "org.trace.pid": str(os.getpid()), **(labels or {})}
         lim = self.limits
+        me = threading.get_ident()
+        with _LIVE_LOCK:
+            if _SHUTDOWN["now"]:
+                raise SandboxError("not starting a sandbox: this process is shutting down")
+            _STARTING.append(me)
+        container = None
         try:
             container = self.client.containers.run(
                 image, ["sleep", str(MAX_LIFETIME_S)], detach=True, auto_remove=True, init=True,
@@ -188,9 +262,16 @@ class DockerSandbox(Sandbox):
                 ulimits=[self._ulimit("nofile", lim.nofile)], name=f"trace-swe-{uuid.uuid4().hex[:12]}")
         except Exception as exc:
             raise SandboxError(f"could not start a container from {image}: {exc}") from exc
+        finally:
+            with _LIVE_LOCK:
+                _STARTING.remove(me)
+                if container is not None:
+                    _LIVE[container.id] = self  # registered before anyone can see the exit cleanup as done
+                _STARTED.notify_all()
         self.container_id = container.id
-        with _LIVE_LOCK:
-            _LIVE[self.container_id] = self
+        if _SHUTDOWN["now"]:  # the exit cleanup ran while this container was starting (a pool thread)
+            self.close()
+            raise SandboxError("not starting a sandbox: this process is shutting down")
         try:
             self._open_shell()
         except Exception:
@@ -233,24 +314,16 @@ class DockerSandbox(Sandbox):
                 raise SandboxError("the sandbox shell exited (was the container stopped or killed?)")
             self._buf += chunk
 
-    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
-        """Run ``command`` with bash in the repository root; never longer than ``timeout`` seconds."""
+    def _exchange(self, script: str, mark: str, read_timeout: float) -> str:
+        """Send ``script`` to the persistent shell and read until the line ``mark <exit code>``; return all output."""
         if self._closed or self._sock is None:
             raise SandboxError("the sandbox is closed")
-        token = uuid.uuid4().hex[:16]
-        mark = f"{self._MARK}{token}"
-        secs = max(1, int(timeout + 0.999))
-        # Output goes through head -c so a flood cannot fill memory; the exit code of the command itself
-        # (PIPESTATUS[0]) is reported after a unique marker. timeout -k kills what ignores SIGTERM.
-        wrapped = (f"cd {WORKDIR} 2>/dev/null; timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null 2>&1 "
-                   f"| head -c {max_output + 1}; __trc=${{PIPESTATUS[0]}}; echo; echo {mark} $__trc\n")
-        t0 = time.monotonic()
         with self._lock:
             try:
-                self._sock.sendall(wrapped.encode("utf-8"))
+                self._sock.sendall(script.encode("utf-8"))
             except OSError as exc:
                 raise SandboxError(f"the sandbox shell is gone ({exc})") from exc
-            deadline = t0 + secs + 10
+            deadline = time.monotonic() + read_timeout
             out = b""
             needle = mark.encode()
             try:
@@ -261,13 +334,28 @@ class DockerSandbox(Sandbox):
                     out += self._read_frame(deadline)
             except TimeoutError as exc:
                 self._sock = None  # the shell is stuck: this sandbox cannot be trusted any more
-                raise SandboxError(f"the sandbox did not answer within {secs + 10}s") from exc
-        text = out.decode("utf-8", errors="replace")
-        body, _, tail = text.partition(mark)
+                raise SandboxError(f"the sandbox did not answer within {read_timeout:.0f}s") from exc
+        return out.decode("utf-8", errors="replace")
+
+    @staticmethod
+    def _exit_code(tail: str) -> int:
         try:
-            code = int(tail.strip().split()[0])
+            return int(tail.strip().split()[0])
         except (ValueError, IndexError):
-            code = -1
+            return -1
+
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+        """Run ``command`` with bash in the repository root; never longer than ``timeout`` seconds."""
+        mark = f"{self._MARK}{uuid.uuid4().hex[:16]}"
+        secs = max(1, int(timeout + 0.999))
+        # Output goes through head -c so a flood cannot fill memory; the exit code of the command itself
+        # (PIPESTATUS[0]) is reported after a unique marker. timeout -k kills what ignores SIGTERM.
+        wrapped = (f"cd {WORKDIR} 2>/dev/null; timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null 2>&1 "
+                   f"| head -c {max_output + 1}; __trc=${{PIPESTATUS[0]}}; echo; echo {mark} $__trc\n")
+        t0 = time.monotonic()
+        text = self._exchange(wrapped, mark, secs + 10)
+        body, _, tail = text.partition(mark)
+        code = self._exit_code(tail)
         body = body[:-1] if body.endswith("\n") else body  # the echo after head
         truncated = len(body) > max_output
         if truncated:
@@ -278,17 +366,19 @@ class DockerSandbox(Sandbox):
         return CommandResult(code, body, timed_out, time.monotonic() - t0, truncated)
 
     def write_files(self, files: dict[str, bytes | str]) -> None:
+        """Write files through the persistent shell: a base64 tar in a here-document, unpacked by ``tar`` as the
+        sandbox user. One round trip of a few ms, where ``put_archive`` costs ~150-200 ms and unpacks as root."""
         if not files:
             return
-        dirs = sorted({os.path.dirname(p) for p in files if os.path.dirname(p)})
-        if dirs:
-            self.run("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=10)
-        try:
-            ok = self.client.api.put_archive(self.container_id, WORKDIR, _tar_bytes(files))
-        except Exception as exc:
-            raise SandboxError(f"could not copy files into the sandbox: {exc}") from exc
-        if not ok:
-            raise SandboxError("could not copy files into the sandbox")
+        token = uuid.uuid4().hex[:16]
+        mark, eof = f"{self._MARK}{token}", f"__TRACE_EOF_{token}"
+        payload = base64.encodebytes(_tar_bytes(files)).decode("ascii")  # 76-character lines: never equal to eof
+        script = (f"cd {WORKDIR} && base64 -d <<'{eof}' | tar -x -m --no-same-owner --no-overwrite-dir -f - 2>&1; "
+                  f"__trc=$?; echo; echo {mark} $__trc\n{payload}{eof}\n")
+        text = self._exchange(script, mark, 60 + len(payload) / 1e6)
+        body, _, tail = text.partition(mark)
+        if self._exit_code(tail) != 0:
+            raise SandboxWriteError(f"could not write {', '.join(sorted(files))[:200]}: {body.strip()[-500:]}")
 
     def alive(self) -> bool:
         if self._closed:
@@ -302,7 +392,10 @@ class DockerSandbox(Sandbox):
         """Kill the container (used by tests to simulate a crash mid-episode)."""
         self.client.api.kill(self.container_id)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Remove the container. ``wait=False`` leaves the removal (~0.3-0.5 s of dockerd's time) to a daemon
+        thread, so an environment's ``reset`` does not wait for the previous episode's container; the container
+        stays registered until it is gone, so exit and signal cleanup still remove it if the thread has not."""
         if self._closed:
             return
         self._closed = True
@@ -312,7 +405,17 @@ class DockerSandbox(Sandbox):
             except OSError:
                 pass
             self._sock = None
-        if self.container_id:
+        if not self.container_id:
+            return
+        if wait:
+            self._remove_now()
+        else:
+            threading.Thread(target=self._remove_now, name="trace-sandbox-remove", daemon=True).start()
+
+    def _remove_now(self) -> None:
+        with _LIVE_LOCK:
+            registered = _LIVE.get(self.container_id) is self
+        if registered:
             _remove_container(self.client, self.container_id)
             with _LIVE_LOCK:
                 _LIVE.pop(self.container_id, None)
@@ -363,6 +466,7 @@ class ContainerPool:
         self._cv = threading.Condition()
         self._closed = False
         self._filling = 0
+        install_signal_cleanup()  # the pool starts its sandboxes in threads, which cannot install handlers
         self._refill()
 
     def _refill(self) -> None:
@@ -377,7 +481,7 @@ class ContainerPool:
         try:
             box = self.factory()
         except Exception as exc:
-            logger.warning("warm pool: could not start a sandbox: %s", exc)
+            (logger.debug if self._closed or _SHUTDOWN["now"] else logger.warning)("warm pool: could not start a sandbox: %s", exc)
         with self._cv:
             self._filling -= 1
             if box is not None:
@@ -387,8 +491,15 @@ class ContainerPool:
                     self._ready.append(box)
             self._cv.notify_all()
 
-    def acquire(self, wait_s: float = 0.0) -> Sandbox:
-        """A ready sandbox (waiting up to ``wait_s`` for one being started), else a new one."""
+    def refill(self) -> None:
+        """Start sandboxes in the background until the pool is full again."""
+        self._refill()
+
+    def acquire(self, wait_s: float = 0.0, refill: bool = True) -> Sandbox:
+        """A ready sandbox (waiting up to ``wait_s`` for one being started), else a new one.
+
+        ``refill=False`` leaves the refill to the caller (:meth:`refill`), who can start it once its own
+        latency-critical work is done instead of competing with it for dockerd and the CPU."""
         deadline = time.monotonic() + wait_s
         box = None
         with self._cv:
@@ -396,7 +507,8 @@ class ContainerPool:
                 self._cv.wait(deadline - time.monotonic())
             if self._ready:
                 box = self._ready.pop(0)
-        self._refill()
+        if refill:
+            self._refill()
         if box is not None and box.alive():
             return box
         if box is not None:

@@ -126,33 +126,82 @@ class TestRun:
     seconds: float
     exit_code: int
     collect_errors: list[str] = field(default_factory=list)
+    #: wall time of the pytest process itself, measured inside the sandbox (``seconds`` minus this is
+    #: what the harness adds: the shell round trips and reading the report)
+    process_seconds: float | None = None
 
     def passed(self, test: str) -> bool:
         return self.statuses.get(test) == "passed"
+
+
+_TIMING_FILE = '"$TRACE_PYTEST_REPORT.timing"'  # beside the report (LocalSandbox: its own tmp dir)
 
 
 def run_tests(sandbox, repo: Repo, tests: list[str] | None = None, timeout: float = 120.0,
               max_output: int = 8000) -> TestRun:
     """Run pytest in ``sandbox`` and read the explicit per-test statuses."""
     t0 = time.monotonic()
-    result = sandbox.run(repo.pytest_command(tests) + " -rfE", timeout=timeout, max_output=max_output)
-    report = sandbox.run('cat "$TRACE_PYTEST_REPORT" 2>/dev/null', timeout=30, max_output=20_000_000)
+    # $EPOCHREALTIME (a bash builtin, no fork) brackets the pytest process for the overhead figure.
+    command = (f"__t0=$EPOCHREALTIME; {repo.pytest_command(tests)} -rfE; __rc=$?; "
+               f"echo \"$__t0 $EPOCHREALTIME\" > {_TIMING_FILE}; exit $__rc")
+    result = sandbox.run(command, timeout=timeout, max_output=max_output)
+    report = sandbox.run(f'cat {_TIMING_FILE} 2>/dev/null; echo; cat "$TRACE_PYTEST_REPORT" 2>/dev/null', timeout=30,
+                         max_output=20_000_000)
+    timing, _, body = report.output.partition("\n")
     try:
-        data = json.loads(report.output) if report.exit_code == 0 else {}
+        data = json.loads(body) if report.exit_code == 0 else {}
     except json.JSONDecodeError:
         data = {}
+    try:
+        start, end = (float(x.replace(",", ".")) for x in timing.split())
+        process_seconds = end - start
+    except ValueError:
+        process_seconds = None
     return TestRun(statuses=dict(data.get("tests", {})), output=result.output, seconds=time.monotonic() - t0,
-                   exit_code=result.exit_code, collect_errors=list(data.get("collect_errors", [])))
+                   exit_code=result.exit_code, collect_errors=list(data.get("collect_errors", [])),
+                   process_seconds=process_seconds)
 
 
-def prepare_sandbox(sandbox, files: dict[str, str]) -> None:
-    """Write the instance's bugged files and make the tree a one-commit git repository (no history of the fix)."""
-    sandbox.write_files(files)
-    res = sandbox.run(f"rm -rf .git && git init -q && printf '__pycache__/\\n*.pyc\\n' > .git/info/exclude && "
-                      f"git add -A --force && git {GIT_IDENTITY} commit -qm 'base' && git rev-parse HEAD", timeout=60)
+_GIT_INIT = ("git init -q --template= && mkdir -p .git/info && printf '__pycache__/\\n*.pyc\\n' > .git/info/exclude && "
+             "git add -A --force")
+
+
+def stage_clean_tree(sandbox) -> None:
+    """Index the clean tree in a fresh sandbox ahead of time (the warm pool does this in the background),
+    so that :func:`prepare_sandbox` only hashes the files the bug changes. Nothing is committed."""
+    res = sandbox.run(f"rm -rf .git && {_GIT_INIT}", timeout=60)
     if res.exit_code != 0:
         from .sandbox import SandboxError
 
+        raise SandboxError(f"could not index the repository in the sandbox: {res.output[-500:]}")
+    sandbox.git_staged = True
+
+
+def prepare_sandbox(sandbox, files: dict[str, str]) -> None:
+    """Write the instance's bugged files and make the tree a one-commit git repository (no history of the fix).
+
+    On a sandbox staged by :func:`stage_clean_tree`, the clean versions of the changed files were hashed into
+    ``.git/objects``; they are deleted after the commit (unless another file has the same content), so the
+    repository holds nothing an agent could recover the fix from.
+    """
+    from .sandbox import SandboxError, SandboxWriteError
+
+    try:
+        sandbox.write_files(files)
+    except SandboxWriteError as exc:
+        raise SandboxError(str(exc)) from exc
+    commit = f"git {GIT_IDENTITY} commit -qm base"
+    if getattr(sandbox, "git_staged", False):
+        paths = " ".join(shlex.quote(p) for p in sorted(files))
+        script = (f"__clean=$(git ls-files -s -- {paths} | cut -d' ' -f2) && git add -A --force && {commit} && "
+                  "__kept=$(git ls-tree -r HEAD | cut -d' ' -f3 | cut -f1) && "
+                  "for o in $__clean; do case \"$__kept\" in *$o*) ;; *) rm -f .git/objects/${o:0:2}/${o:2} ;; esac; "
+                  "done")
+        sandbox.git_staged = False
+    else:
+        script = f"rm -rf .git && {_GIT_INIT} && {commit} && git rev-parse HEAD"
+    res = sandbox.run(script, timeout=60)
+    if res.exit_code != 0:
         raise SandboxError(f"could not prepare the repository in the sandbox: {res.output[-500:]}")
 
 
@@ -257,7 +306,7 @@ def validate_candidates(repo: Repo, sandbox, mutations: list[Mutation], *, combi
         restart: ``() -> sandbox``: a fresh sandbox when a candidate kills the current one (a bug that
             exhausts memory, say); without it such a failure propagates.
     """
-    from .sandbox import SandboxError
+    from .sandbox import SandboxError, SandboxWriteError
 
     stats = YieldStats(repo.spec.key)
     clean1 = run_tests(sandbox, repo, timeout=timeout)
@@ -284,7 +333,7 @@ def validate_candidates(repo: Repo, sandbox, mutations: list[Mutation], *, combi
             sandbox.write_files(files)
             bug = run_tests(sandbox, repo, timeout=timeout)
             sandbox.write_files({p: repo.files[p] for p in files})
-        except SandboxError:
+        except (SandboxError, SandboxWriteError):
             if restart is None:
                 raise
             sandbox.close()
@@ -408,3 +457,88 @@ def load_instances(repo_keys: list[str], max_bugs: int | None = None, min_bugs: 
             continue
         out.append(inst)
     return sorted(out, key=lambda i: i["instance_id"])
+
+
+# ------------------------------------------------------------------------------------------ re-checking shipped instances
+
+#: The reference submissions every shipped instance is graded with, and the reward each must get.
+REFERENCE_CHECKS = {"gold": 1.0, "empty": 0.0, "delete_tests": 0.0, "edit_tests": 0.0}
+
+
+def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0) -> dict[str, float]:
+    """Grade the reference submissions of one instance with the environment's grader; ``{check: reward}``.
+
+    ``gold`` applies the reverse of the bug patch; ``empty`` changes nothing (graded for real, no
+    shortcut); ``delete_tests`` removes the failing tests' files; ``edit_tests`` makes each failing test
+    return before its assertions. ``sandbox`` must hold the clean repository (a fresh container of the
+    repository's image); it is left holding the clean repository again.
+    """
+    from .agents import neutered_tests
+
+    bugged = apply_patch(repo.files, instance["patch"])
+    test_files = sorted({t.partition("::")[0] for t in instance["FAIL_TO_PASS"]})
+    prepare_sandbox(sandbox, bugged)
+    rewards = {}
+    try:
+        for check in REFERENCE_CHECKS:
+            if check == "gold":
+                sandbox.write_files({p: repo.files[p] for p in bugged})
+            elif check == "delete_tests":
+                sandbox.run("rm -f -- " + " ".join(shlex.quote(p) for p in test_files), timeout=30)
+            elif check == "edit_tests":
+                sandbox.write_files(neutered_tests(repo.files, instance["FAIL_TO_PASS"]))
+            reward, _ = evaluate_in_sandbox(sandbox, repo, instance, timeout=timeout, skip_if_unchanged=False)
+            rewards[check] = reward
+            res = sandbox.run("git reset -q --hard HEAD && git clean -qfd", timeout=60)
+            if res.exit_code != 0:
+                from .sandbox import SandboxError
+
+                raise SandboxError(f"could not reset the sandbox's tree: {res.output[-300:]}")
+    finally:
+        sandbox.write_files({p: repo.files[p] for p in bugged})
+    return rewards
+
+
+def recheck_instance_file(path: Path, sandbox_factory, load_repo, timeout: float = 300.0, progress: bool = False,
+                          drop_failing: bool = False) -> tuple[list[dict], list[tuple[str, dict]]]:
+    """Re-grade every instance of one ``<repo>.jsonl`` file; returns (passing instances, [(id, rewards)] failing).
+
+    With ``drop_failing`` the file is rewritten without the instances that failed a check.
+    """
+    from .sandbox import SandboxError
+
+    instances = load_instance_file(path)
+    by_repo: dict[str, list[dict]] = {}
+    for inst in instances:
+        by_repo.setdefault(inst["repo"], []).append(inst)
+    good, bad = [], []
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(instances), desc=f"recheck {path.stem}", unit="inst")
+        except ImportError:
+            bar = None
+    for key, insts in by_repo.items():
+        repo = load_repo(key)
+        box = sandbox_factory(repo)
+        try:
+            for inst in insts:
+                try:
+                    rewards = check_instance(box, repo, inst, timeout=timeout)
+                except SandboxError as exc:
+                    box.close()
+                    box = sandbox_factory(repo)
+                    rewards = {"sandbox_error": str(exc)[:200]}
+                ok = all(rewards.get(c) == want for c, want in REFERENCE_CHECKS.items())
+                (good.append(inst) if ok else bad.append((inst["instance_id"], rewards)))
+                if bar:
+                    bar.update(1)
+        finally:
+            box.close()
+    if bar:
+        bar.close()
+    if drop_failing and bad:
+        path.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in sorted(good, key=lambda i: i["instance_id"])))
+    return good, bad

@@ -4,6 +4,8 @@
     trace swe add-repo pypi:NAME==VERSION | git:/path[@rev] | dir:/path [--key K] [--tests PATH]... [--python-path DIR]...
     trace swe repos
     trace swe validate REPO [--candidates N] [--seed S] [--combine K] [--out DIR]
+    trace swe validate --shipped [--drop-failing]      # re-grade every shipped instance (gold 1.0, cheats 0.0)
+    trace swe validate --recheck FILE.jsonl... [--drop-failing]
     trace swe instances [REPO]...
     trace swe cleanup [--only-dead]
 """
@@ -40,8 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("repos", help="list known repositories")
     p.set_defaults(func=cmd_repos)
 
-    p = verbs.add_parser("validate", help="inject candidate bugs and keep those the tests validate")
-    p.add_argument("repo", help="a repository key (see `trace swe repos`)")
+    p = verbs.add_parser("validate", help="inject candidate bugs and keep those the tests validate",
+                         description="Inject candidate bugs into REPO and keep those its tests validate; or, with "
+                                     "--shipped / --recheck FILE, re-grade stored instances: the gold patch must "
+                                     "score 1.0, the empty patch, deleted and edited failing tests 0.0.")
+    p.add_argument("repo", nargs="?", help="a repository key (see `trace swe repos`)")
+    p.add_argument("--shipped", action="store_true", help="re-grade every instance shipped with the package")
+    p.add_argument("--recheck", type=Path, nargs="*", default=None, metavar="FILE",
+                   help="re-grade the instances of these <repo>.jsonl files")
+    p.add_argument("--drop-failing", action="store_true", help="with --shipped/--recheck: rewrite the files "
+                   "without the instances that fail a check")
     p.add_argument("--candidates", type=int, default=20, help="candidate bugs to try")
     p.add_argument("--seed", type=int, default=0, help="seed of the candidate sampling")
     p.add_argument("--combine", type=int, default=0, help="also build up to K two-bug instances")
@@ -124,6 +134,10 @@ def cmd_validate(args) -> int:
     from trace_envs.swe.sandbox import DockerSandbox
     from trace_envs.swe.tasks import generate_instances, save_instances
 
+    if args.shipped or args.recheck is not None:
+        return _recheck(args)
+    if not args.repo:
+        raise CommandError("name a repository (see `trace swe repos`), or use --shipped / --recheck FILE")
     repo = _repo(args.repo)
     image = repo.image(verbose=True)
     boxes = [DockerSandbox(image)]
@@ -142,6 +156,29 @@ def cmd_validate(args) -> int:
     print(f"{st.valid}/{st.candidates} candidates valid, {st.combined} combined, {st.flaky} flaky tests excluded; "
           f"wrote {path}")
     return 0
+
+
+def _recheck(args) -> int:
+    from trace_envs.swe.envs import load_repo
+    from trace_envs.swe.sandbox import DockerSandbox
+    from trace_envs.swe.tasks import PACKAGED_INSTANCES, REFERENCE_CHECKS, recheck_instance_file
+
+    files = sorted(PACKAGED_INSTANCES.glob("*.jsonl")) if args.shipped else []
+    files += list(args.recheck or [])
+    if not files:
+        raise CommandError("no instance files to re-check")
+    rows, failed = [], 0
+    for path in files:
+        good, bad = recheck_instance_file(Path(path), lambda repo: DockerSandbox(repo.image(verbose=True)), load_repo,
+                                          progress=True, drop_failing=args.drop_failing)
+        rows.append((Path(path).stem, len(good) + len(bad), len(good), len(bad)))
+        for iid, rewards in bad:
+            print(f"FAILED {iid}: {rewards}")
+        failed += len(bad)
+    print(format_table(["file", "instances", "pass all checks", "fail"], rows))
+    print(f"checks per instance: {', '.join(f'{c} = {r}' for c, r in REFERENCE_CHECKS.items())}"
+          + (f"; {failed} failing instance(s) dropped" if args.drop_failing and failed else ""))
+    return 1 if failed and not args.drop_failing else 0
 
 
 def cmd_instances(args) -> int:
