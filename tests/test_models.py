@@ -154,6 +154,45 @@ def test_sft_segments_match_inference_prompts(model_dir):
     assert dropped_short >= 1 and turns_short == turns - dropped_short
 
 
+def test_shared_prefix_loss_is_exact(model_dir):
+    """Encoding the shared prompt prefix once per batch gives the same loss and gradients as the plain forward."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_envs import OracleAgent, rollout
+    from trace_train.models import sft_loss, sft_rows, shared_prefix_length
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    records = [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (1, 2, 5)]
+    rows, _, _ = sft_rows(tok, records, max_length=4096)
+    n = shared_prefix_length(rows)
+    first_target = min(labels.index(next(x for x in labels if x != -100)) for _, labels in rows)
+    assert 0 < n < first_target  # the system prompt and tool schemas are shared, no target inside
+    assert all(ids[:n] == rows[0][0][:n] for ids, _ in rows)
+    assert shared_prefix_length(rows[:1]) == next(i for i, x in enumerate(rows[0][1]) if x != -100) - 1
+    assert shared_prefix_length([([1, 2, 3], [-100, 5, 6]), ([1, 2, 4], [-100, -100, 7])]) == 0
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    grads = []
+    losses = []
+    for prefix in (0, n):
+        model.zero_grad()
+        loss = sft_loss(model, rows, tok.pad_token_id, prefix)
+        loss.backward()
+        losses.append(float(loss))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    # The reference: transformers' own loss, one unpadded sequence at a time, token-weighted.
+    total, count = 0.0, 0
+    for ids, labels in rows:
+        k = sum(label != -100 for label in labels[1:])
+        total += float(model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss) * k
+        count += k
+    assert losses[0] == pytest.approx(total / count, rel=1e-4)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+
+
 def test_bootstrap_trains_and_saves(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -13,7 +13,9 @@ builds locally, with no hub access:
 * :func:`bootstrap_model` is the SFT warm-up: it plays the target env's oracle
   on training seeds, turns every assistant turn into a (prompt, completion)
   pair rendered with the chat template exactly as :class:`~trace_train.agents.HFAgent`
-  renders it at inference time, and trains on the completion tokens. Scenario
+  renders it at inference time, and trains on the completion tokens (the LM head
+  runs only where a target token is predicted, and the prompt prefix every episode
+  shares — policy and tool schemas — is encoded once per batch, with exact gradients). Scenario
   families named in ``exclude_scenarios`` are left out, which produces a base
   model with real, known gaps. It saves the model, ``loss.json`` and a
   ``loss_curve.png``.
@@ -561,14 +563,18 @@ def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, p
     remaining tokens are run on top; gradients flow through the shared cache. The LM head is applied
     only at positions that predict a target (the logits of the other positions are never needed).
     """
+    import inspect
+
     import torch
     from transformers import DynamicCache
 
+    # transformers 5 renamed ``past_key_values`` to ``cache``; use whichever the model takes.
+    cache_kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
     cache = None
     if prefix_len > 0:
         prefix = torch.tensor([batch[0][0][:prefix_len]], dtype=torch.long, device=device)
         shared = DynamicCache()
-        model.model(input_ids=prefix, past_key_values=shared, use_cache=True)
+        model.model(input_ids=prefix, use_cache=True, **{cache_kw: shared})
         cache = DynamicCache()
         for i, layer in enumerate(shared.layers):
             cache.update(layer.keys.expand(len(batch), -1, -1, -1), layer.values.expand(len(batch), -1, -1, -1), i)
@@ -582,7 +588,7 @@ def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, p
         ids_t[b, :len(ids)] = torch.tensor(ids)
         labels_t[b, :len(ids)] = torch.tensor(labels)
         mask[b, prefix_len:prefix_len + len(ids)] = 1
-    kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True} if cache is not None else {"use_cache": False}
+    kwargs: dict[str, Any] = {cache_kw: cache, "use_cache": True} if cache is not None else {"use_cache": False}
     hidden = model.model(input_ids=ids_t.to(device), attention_mask=mask.to(device), **kwargs).last_hidden_state
     # Position t predicts token t+1: keep the positions whose next token is a target.
     next_labels = labels_t[:, 1:].to(device)
