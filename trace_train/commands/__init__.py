@@ -43,3 +43,22 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def parse_key_values(pairs: Iterable[str], flag: str) -> dict:
+    """``key=value`` command-line pairs (e.g. ``--env-kwarg difficulty=3``) as a dict.
+
+    Values are read as JSON when they parse (numbers, booleans, lists), else kept as strings.
+    """
+    import json
+
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise CommandError(f"{flag} {pair!r} must look like key=value")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out

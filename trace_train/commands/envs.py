@@ -15,7 +15,7 @@ import argparse
 import inspect
 import re
 
-from . import CommandError, format_table
+from . import CommandError, format_table, parse_key_values
 
 _TOOLS_SECTION = re.compile(r"# Tools\n.*?</tools>", re.DOTALL)
 
@@ -239,21 +239,6 @@ def _register_calibrate(verbs, registry_help: str) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _key_values(pairs: list[str], flag: str) -> dict:
-    import json
-
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise CommandError(f"{flag} {pair!r} must look like key=value")
-        key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def _model_agent(args):
     """The model-backed agent named by ``--agent hf:PATH`` / ``openai:MODEL@URL``, with its default env kwargs;
     ``None`` for a registered (scripted) agent name."""
@@ -291,8 +276,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise CommandError(f"--groups and --group-size must be >= 1, got {args.groups} and {args.group_size}")
     if args.difficulty is not None and not 1 <= args.difficulty <= 5:
         raise CommandError(f"--difficulty must be within 1..5, got {args.difficulty}")
-    env_kwargs = _key_values(args.env_kwarg, "--env-kwarg")
-    agent_kwargs = _key_values(args.agent_kwarg, "--agent-kwarg")
+    env_kwargs = parse_key_values(args.env_kwarg, "--env-kwarg")
+    agent_kwargs = parse_key_values(args.agent_kwarg, "--agent-kwarg")
     if args.difficulty is not None:
         from trace_train.models import env_accepts
 

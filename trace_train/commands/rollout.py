@@ -13,10 +13,9 @@ interruption runs only the missing (env, seed, sample) triples.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from . import CommandError
+from . import CommandError, parse_key_values
 
 REGISTRY_HELP = "a workspace registry to load first (a registry.yaml or a folder holding one); repeatable"
 
@@ -32,20 +31,6 @@ def parse_seeds(spec: str) -> list[int]:
         return list(range(int(spec)))
     except ValueError:
         raise CommandError(f"--seeds {spec!r} is not a count (50), a range (100:150) or a list (1,5,9)") from None
-
-
-def parse_options(pairs: list[str]) -> dict:
-    """``key=value`` pairs; values are read as JSON when they parse (numbers, true, lists), else as strings."""
-    options = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise CommandError(f"--option {pair!r} must look like key=value")
-        key, value = pair.split("=", 1)
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
 
 
 def load_registries(paths: list[str]):
@@ -144,8 +129,8 @@ def cmd_rollout(args) -> int:
     if args.samples < 1 or args.in_flight < 1:
         raise CommandError("--samples and --in-flight must be >= 1")
     agent, default_kwargs = make_cli_agent(args)
-    options = parse_options(args.option)
-    extra_kwargs = parse_options(args.env_kwarg)
+    options = parse_key_values(args.option, "--option")
+    extra_kwargs = parse_key_values(args.env_kwarg, "--env-kwarg")
     env_kwargs = {env_id: {**default_kwargs(env_id), **extra_kwargs} for env_id in args.envs}
     from trace_train.rollouts import export_parquet, run_rollouts
 
