@@ -27,7 +27,6 @@ def _docker_ok() -> bool:
     return REQUIREMENT_CHECKS["docker"]()[0]
 
 
-needs_docker = pytest.mark.skipif(False, reason="")  # Docker is required: tests fail loudly without it
 
 
 @pytest.fixture(scope="session", autouse=True)
