@@ -27,8 +27,6 @@ def _docker_ok() -> bool:
     return REQUIREMENT_CHECKS["docker"]()[0]
 
 
-
-
 @pytest.fixture(scope="session", autouse=True)
 def no_container_left_behind():
     """After the session, no container with the sandbox label may remain."""
