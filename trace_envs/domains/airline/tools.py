@@ -139,6 +139,15 @@ class AirlineTools(GenericTools):
                             "use search_direct_flight or search_onestop_flight to find flights.")
         return flight
 
+    def _charge(self, record: dict, user: dict, payment_id: str, method: dict, amount: float) -> None:
+        """Record a payment (or, if negative, a refund) of ``amount`` on a reservation being edited; a gift
+        card's balance moves with it. Nothing happens for a zero amount."""
+        if amount:
+            record["payment_history"].append({"payment_id": payment_id, "amount": amount})
+            if method["source"] == "gift_card":
+                m = self.db.edit("users", user["user_id"])["payment_methods"][payment_id]
+                m["amount"] = round(m["amount"] - amount, 2)
+
     def _bookable(self, flight_number: str, day: str, cabin: str, seats: int) -> int:
         """The current price per passenger of a flight-date in a cabin, after checking it can be booked."""
         status = self._flight(flight_number)["dates"].get(day)
@@ -380,11 +389,7 @@ class AirlineTools(GenericTools):
         record = self.db.edit("reservations", reservation_id)
         record["total_baggages"] = total_baggages
         record["nonfree_baggages"] = nonfree_baggages
-        if cost:
-            record["payment_history"].append({"payment_id": payment_id, "amount": cost})
-            if method["source"] == "gift_card":
-                m = self.db.edit("users", user["user_id"])["payment_methods"][payment_id]
-                m["amount"] = round(m["amount"] - cost, 2)
+        self._charge(record, user, payment_id, method, cost)
         return record
 
     @tool(write=True)
@@ -431,11 +436,7 @@ class AirlineTools(GenericTools):
         record = self.db.edit("reservations", reservation_id)
         record["flights"] = segments
         record["cabin"] = cabin
-        if difference:
-            record["payment_history"].append({"payment_id": payment_id, "amount": difference})
-            if method["source"] == "gift_card":
-                m = self.db.edit("users", user["user_id"])["payment_methods"][payment_id]
-                m["amount"] = round(m["amount"] - difference, 2)
+        self._charge(record, user, payment_id, method, difference)
         return record
 
     @tool(write=True)
