@@ -690,6 +690,32 @@ def _validate(task: TauTask) -> None:
             raise RuntimeError(f"{r.kind}: a refusal or answer must not read as a confirmation request: {r.message!r}")
 
 
+def _authentication(d: Any, db: Layer, user: dict) -> tuple[dict[str, str], list[Call], str]:
+    """How the user is identified: by name + zip (when that finds exactly this user, 40% of the time) or by
+    email. Returns the facts the user knows, the agent's identifying calls and its question."""
+    first, last = user["name"]["first_name"], user["name"]["last_name"]
+    zip_code = user["address"]["zip"]
+    by_name = next((u["user_id"] for u in db.values("users")
+                    if u["name"]["first_name"].lower() == first.lower() and u["name"]["last_name"].lower() == last.lower()
+                    and u["address"]["zip"] == zip_code), None)
+    if d.bernoulli(0.4) and by_name == user["user_id"]:
+        known = {"name": f"{first} {last}", "zip": zip_code}
+        auth = [Call("find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": zip_code})]
+        auth_message = "I can help with that. First, could you please tell me your first and last name and your zip code?"
+    else:
+        known = {"email": user["email"]}
+        auth = [Call("find_user_id_by_email", {"email": user["email"]})]
+        auth_message = "I can help with that. First, could you please provide the email address on your account?"
+    auth.append(Call("get_user_details", {"user_id": user["user_id"]}))
+    return known, auth, auth_message
+
+
+def _chain_requests(d: Any, requests: list[Request]) -> None:
+    """Phrase the second and later requests as follow-ups ("Also, ...")."""
+    for r in requests[1:]:
+        r.text = d.choice(("Also, ", "One more thing: ", "And ", "Next, ")) + r.text[0].lower() + r.text[1:]
+
+
 def generate_task(rng: np.random.Generator, db: Layer, scenarios: list[str], size: dict) -> TauTask:
     """A retail task drawn from ``rng`` over the initial layer ``db`` (which it may plant records in).
 
@@ -720,21 +746,8 @@ def generate_task(rng: np.random.Generator, db: Layer, scenarios: list[str], siz
             raise RuntimeError(f"could not build a {family} request")  # pragma: no cover
     user = db.get("users", user["user_id"])
     first, last = user["name"]["first_name"], user["name"]["last_name"]
-    zip_code = user["address"]["zip"]
-    by_name = next((u["user_id"] for u in db.values("users")
-                    if u["name"]["first_name"].lower() == first.lower() and u["name"]["last_name"].lower() == last.lower()
-                    and u["address"]["zip"] == zip_code), None)
-    if d.bernoulli(0.4) and by_name == user["user_id"]:
-        known = {"name": f"{first} {last}", "zip": zip_code}
-        auth = [Call("find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": zip_code})]
-        auth_message = "I can help with that. First, could you please tell me your first and last name and your zip code?"
-    else:
-        known = {"email": user["email"]}
-        auth = [Call("find_user_id_by_email", {"email": user["email"]})]
-        auth_message = "I can help with that. First, could you please provide the email address on your account?"
-    auth.append(Call("get_user_details", {"user_id": user["user_id"]}))
-    for r in requests[1:]:
-        r.text = d.choice(("Also, ", "One more thing: ", "And ", "Next, ")) + r.text[0].lower() + r.text[1:]
+    known, auth, auth_message = _authentication(d, db, user)
+    _chain_requests(d, requests)
     greeting = d.choice(("Hi.", "Hello!", "Hi there.", "Good afternoon."))
     opening = f"{greeting} {requests[0].text}"
     name = "bundle:" + "+".join(families) if scenario == "bundle" else scenario
@@ -791,22 +804,8 @@ class RetailRequestSession(RequestSession):
         d, db = self.b.d, self.db
         user = db.get("users", self.user_id)
         first, last = user["name"]["first_name"], user["name"]["last_name"]
-        zip_code = user["address"]["zip"]
-        by_name = next((u["user_id"] for u in db.values("users")
-                        if u["name"]["first_name"].lower() == first.lower()
-                        and u["name"]["last_name"].lower() == last.lower() and u["address"]["zip"] == zip_code), None)
-        if d.bernoulli(0.4) and by_name == user["user_id"]:
-            known = {"name": f"{first} {last}", "zip": zip_code}
-            auth = [Call("find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": zip_code})]
-            auth_message = ("I can help with that. First, could you please tell me your first and last name and "
-                            "your zip code?")
-        else:
-            known = {"email": user["email"]}
-            auth = [Call("find_user_id_by_email", {"email": user["email"]})]
-            auth_message = "I can help with that. First, could you please provide the email address on your account?"
-        auth.append(Call("get_user_details", {"user_id": user["user_id"]}))
-        for r in requests[1:]:
-            r.text = d.choice(("Also, ", "One more thing: ", "And ", "Next, ")) + r.text[0].lower() + r.text[1:]
+        known, auth, auth_message = _authentication(d, db, user)
+        _chain_requests(d, requests)
         greeting = d.choice(("Hi.", "Hello!", "Hi there.", "Good afternoon."))
         task = TauTask(task_id=f"retail-{scenario}-{d.digits(8)}", domain="retail", scenario=scenario,
                        user=UserScenario(persona=f"{first} {last}, a customer of the online store", known_info=known,
