@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--eval-seeds", default="0:40", help="held-out seeds (default: 0:40)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--pretrain-frac", type=float, default=0.0,
+                        help="curriculum: fraction of steps of LM pre-training on the conversations alone")
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1,
@@ -135,19 +137,22 @@ def main() -> None:
         sec = args.sec_per_step
         if sec is None:  # a short probe run measures this machine's speed (setup excluded)
             stamps: list[float] = []
-            probe = bootstrap_model(BootstrapConfig(
-                target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=4,
-                train_seeds=20, batch_size=args.batch_size, max_length=args.max_length, threads=args.threads,
-                device=args.device, env_kwargs=train_kwargs, out=str(out / "probe")), progress=False,
-                checkpoint_every=1, on_checkpoint=lambda step, model, tok, secs: stamps.append(secs))
-            sec = (stamps[2] - stamps[0]) / 2  # steps 2 and 3
+            bootstrap_model(BootstrapConfig(
+                target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=6,
+                train_seeds=24, batch_size=args.batch_size, max_length=args.max_length, threads=args.threads,
+                device=args.device, env_kwargs=train_kwargs, out=str(out / "probe"), pretrain_frac=0.5),
+                progress=False, checkpoint_every=1, on_checkpoint=lambda step, model, tok, secs: stamps.append(secs))
+            free, full = (stamps[2] - stamps[0]) / 2, (stamps[5] - stamps[3]) / 2  # steps 1-2 and 4-5
+            sec = args.pretrain_frac * free + (1 - args.pretrain_frac) * full
+            print(f"probe: {free:.2f}s per step without the prompt, {full:.2f}s with it")
         steps = max(10, int(args.budget_min * 60 / sec))
         print(f"~{sec:.1f}s per step -> {steps} steps for {args.budget_min:g} min")
     every = args.eval_every or max(1, -(-steps // 4))  # 4 evaluations, the last one at the end
     cfg = BootstrapConfig(target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=steps,
                           batch_size=args.batch_size, lr=args.lr, max_length=args.max_length, threads=args.threads,
                           device=args.device, train_seeds=max(200, steps * args.batch_size // 2), out=str(out / "model"),
-                          env_kwargs=train_kwargs, warmup_steps=max(1, min(20, steps // 10)))
+                          env_kwargs=train_kwargs, warmup_steps=max(1, min(20, steps // 10)),
+                          pretrain_frac=args.pretrain_frac)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import torch
@@ -167,6 +172,7 @@ def main() -> None:
                   "train_env_kwargs": {**prompt_env_kwargs(args.target, "compact"), **train_kwargs},
                   "eval_env_kwargs": eval_kwargs, "eval_seeds": args.eval_seeds, "budget_min": args.budget_min,
                   "oracle": oracle, "steps": steps, "batch_size": args.batch_size, "lr": args.lr,
+                  "pretrain_frac": args.pretrain_frac,
                   "threads": args.threads, "device": args.device, "cpu_count": os.cpu_count(),
                   "loadavg_now": os.getloadavg(), "complete": result is not None,
                   "goal": {"overall_success": 0.30, "within_min": 20.0},

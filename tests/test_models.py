@@ -193,6 +193,49 @@ def test_shared_prefix_loss_is_exact(model_dir):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
 
 
+def test_pretraining_loss_is_the_conversation_alone_on_every_token(model_dir):
+    """The curriculum's pre-training steps: without the shared prompt, every token a target. The loss equals
+    the plain LM loss of the conversations cut after that prompt, and differs from the SFT loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_envs import OracleAgent, rollout
+    from trace_train.models import BootstrapConfig, sft_loss, sft_rows, shared_prefix_length
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows, _, _ = sft_rows(tok, [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (1, 2)], max_length=4096)
+    n = shared_prefix_length(rows)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        pretraining = float(sft_loss(model, rows, tok.pad_token_id, n, drop_prefix=True, every_token=True))
+        no_prompt_sft = float(sft_loss(model, rows, tok.pad_token_id, n, drop_prefix=True))
+        cut_sft = float(sft_loss(model, [(ids[n:], labels[n:]) for ids, labels in rows], tok.pad_token_id, 0))
+        total, count = 0.0, 0
+        for ids, _ in rows:
+            x = torch.tensor([ids[n:]])
+            total += float(model(input_ids=x, labels=x).loss) * (len(ids) - n - 1)
+            count += len(ids) - n - 1
+        whole = float(sft_loss(model, rows, tok.pad_token_id, n))
+    assert pretraining == pytest.approx(total / count, rel=1e-4)
+    assert no_prompt_sft == pytest.approx(cut_sft, rel=1e-5)
+    assert abs(no_prompt_sft - whole) > 1e-6  # the prompt is really gone (it shifts even a random model)
+    with pytest.raises(ValueError, match="pretrain_frac"):
+        BootstrapConfig(target=EXAMPLE, pretrain_frac=1.0)
+
+
+def test_ids_tokenize_the_same_in_prose_and_in_tool_calls(model_dir):
+    """A tiny model copies ids token by token, so an id must be the same tokens in a user message, a tool
+    call's JSON arguments and a tool result (no leading space or quote glued to its first piece)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    for value in ("stacy_watts_2428", "HAT016", "2024-05-15", "WH-02", "blue kettle"):
+        pieces = tok.tokenize(value)
+        for context in (f"My user id is {value}.", json.dumps({"user_id": value}), f"'{value}'", f"\n{value}\n"):
+            tokens = tok.tokenize(context)
+            assert any(tokens[i:i + len(pieces)] == pieces for i in range(len(tokens))), (value, context, tokens)
+
+
 def test_bootstrap_trains_and_saves(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -230,3 +273,6 @@ def test_cli_model_build(tmp_path, capsys):
     assert (tmp_path / "m" / "config.json").exists() and (tmp_path / "m" / "tokenizer.json").exists()
     assert main(["model", "build", "--preset", "giant", "--out", str(tmp_path / "g")]) == 2
     assert main(["model", "bootstrap", "--target", "nope/missing-v0"]) == 2
+    assert main(["model", "bootstrap", "--target", EXAMPLE, "--base", str(tmp_path / "m"), "--steps", "1",
+                 "--env-kwarg", "no_such_kwarg=1", "--no-progress"]) == 2
+    assert "--env-kwarg" in capsys.readouterr().err

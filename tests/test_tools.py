@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal, Optional, TypedDict
 
 import pytest
@@ -175,6 +176,28 @@ def test_schema_of_nested_typeddicts() -> None:
     lead = itinerary["properties"]["lead"]
     assert lead["required"] == []  # total=False
     assert lead["properties"]["dob"]["description"] == "date of birth, in the format YYYY-MM-DD."
+
+
+def test_compact_schema_is_short_but_validation_is_not() -> None:
+    """Compact schemas drop the descriptions of arguments and ``additionalProperties: false`` (prompt tokens),
+    keep names, types, enums, required fields and typed ``additionalProperties``; calls are still checked
+    against the full schema."""
+    full = ToolSet(Toolkit())
+    compact = ToolSet(Toolkit(), compact=True)
+    search = next(s for s in compact.schemas if s["function"]["name"] == "search")["function"]
+    assert search["description"] == "Search flights."
+    props = search["parameters"]["properties"]
+    assert props["cabin"] == {"type": "string", "enum": ["economy", "business"]}
+    assert props["extras"] == {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert "additionalProperties" not in search["parameters"]
+    assert search["parameters"]["required"] == tool_specs(Toolkit)["search"].parameters["required"]
+    assert len(json.dumps(compact.schemas)) < 0.6 * len(json.dumps(full.schemas))
+    book = next(s for s in compact.schemas if s["function"]["name"] == "book")["function"]
+    assert "additionalProperties" not in json.dumps(book)
+    for toolset in (full, compact):  # an unknown argument is rejected either way
+        result = toolset.call("search", {"origin": "JFK", "passengers": 1, "max_price": 9.0, "refundable": True,
+                                         "cabin": "economy", "tags": [], "extras": {}, "seats": 2})
+        assert not result.ok and "seats" in result.content
 
 
 def test_tool_names_and_order() -> None:

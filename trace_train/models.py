@@ -47,16 +47,23 @@ from typing import Any, Callable, Iterable, Sequence
 logger = logging.getLogger(__name__)
 
 #: Bump when the build recipe changes, so cached models are rebuilt.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 #: Tokens with a role in the chat template. The first three are "special" (dropped by
 #: ``skip_special_tokens``), the rest are ordinary added tokens, as in Qwen3's own tokenizer.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
 
-#: Qwen2/Qwen3's pre-tokenizer split: contractions, words, single digits, punctuation runs, newlines, spaces.
-_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: Pre-tokenizer split: letter runs, digit runs, and runs of everything else (spaces and
+#: punctuation). Unlike Qwen's split, a word never carries the space or quote before it, so an id is
+#: the same tokens wherever it appears — ``is stacy_watts_2428.`` in a user message and
+#: ``"user_id": "stacy_watts_2428"`` in a tool call share ``stacy _ watts _ 2428``. Copying an id
+#: from the conversation into a call is then a plain token copy, which a tiny model learns quickly;
+#: with Qwen's split (`` stacy`` vs ``stacy``) it must also learn the mapping between the two forms.
+#: Digits are kept in runs (BPE then splits a long run into pieces the same way everywhere), so a
+#: date or a flight number is a few tokens to copy instead of one per digit; the tiny models do no
+#: arithmetic worth protecting. JSON punctuation such as ``": "`` becomes one token.
+_SPLIT_PATTERN = r"\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
 
 
 def env_accepts(env_id: str, kwarg: str) -> bool:
@@ -112,9 +119,11 @@ PRESETS: dict[str, ModelPreset] = {
     # For tests: builds in seconds, a forward pass over 1k tokens takes milliseconds.
     "nano": ModelPreset(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    # The CPU default: learns to emit well-formed tool calls in a few hundred SFT steps.
-    "tiny": ModelPreset(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    # The CPU default, sized for training speed on 2 cores (attention over a ~2k-token τ² prompt is
+    # most of the cost, so two layers of two heads): learns the turn format and well-formed tool
+    # calls within a few hundred SFT steps (see bench/bootstrap_curve.py for what it reaches).
+    "tiny": ModelPreset(vocab_size=6144, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=32),
     # Still CPU-trainable, for runs that can afford tens of minutes.
     "small": ModelPreset(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=2, head_dim=32),
@@ -370,6 +379,14 @@ class BootstrapConfig:
             tool schemas, thousands of tokens with a τ² policy) once per step and let the batch attend
             to it, instead of once per sequence. The gradient is exact (it flows through the shared
             keys/values); only the cost changes.
+        pretrain_frac: a curriculum: the first fraction of the steps is language-model pre-training
+            on the conversations alone — without the shared prompt (a few hundred tokens per sequence
+            instead of a few thousand, so these steps are several times cheaper) and with every token
+            a target: user turns and tool results too. Tool results repeat the ids of the call
+            before them and of earlier turns, so this phase is rich in copying, which a tiny model
+            must learn before it can put the user's ids into its own calls (SFT on assistant turns
+            alone leaves it emitting memorised ids for a long time). The remaining steps are SFT on
+            the assistant turns of whole sequences, as the model sees them at inference. 0 disables it.
     """
 
     target: str
@@ -383,13 +400,14 @@ class BootstrapConfig:
     batch_size: int = 4
     lr: float = 3e-3
     warmup_steps: int = 20
-    max_length: int = 2048
+    max_length: int = 4096
     prompt: str = "compact"
     threads: int = 1
     device: str = "cpu"
     seed: int = 0
     env_kwargs: dict = field(default_factory=dict)
     shared_prefix: bool = True
+    pretrain_frac: float = 0.0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -400,6 +418,8 @@ class BootstrapConfig:
             raise ValueError(f"train_seeds must be >= 1, got {self.train_seeds}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.pretrain_frac < 1.0:
+            raise ValueError(f"pretrain_frac must be in [0, 1), got {self.pretrain_frac}")
         if self.prompt not in ("compact", "full"):
             raise ValueError(f"prompt must be 'compact' or 'full', got {self.prompt!r}")
         self.exclude_scenarios = tuple(self.exclude_scenarios)
@@ -555,13 +575,16 @@ def shared_prefix_length(rows: Sequence[tuple[list[int], list[int]]]) -> int:
 
 
 def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, prefix_len: int = 0,
-             device: str = "cpu"):
+             device: str = "cpu", drop_prefix: bool = False, every_token: bool = False):
     """Mean cross-entropy over the target tokens of ``batch`` (right-padded).
 
     With ``prefix_len > 0`` (every row starts with the same ``prefix_len`` tokens, none of them a
     target), the prefix is run once at batch size 1 and its keys/values are shared by the rows, whose
-    remaining tokens are run on top; gradients flow through the shared cache. The LM head is applied
-    only at positions that predict a target (the logits of the other positions are never needed).
+    remaining tokens are run on top; gradients flow through the shared cache. With ``drop_prefix``
+    the rows are trained without it (the conversation alone, several times cheaper), and with
+    ``every_token`` every token after the prefix is a target, not only the assistant turns — the
+    language-model pre-training phase of :attr:`BootstrapConfig.pretrain_frac`. The LM head is
+    applied only at positions that predict a target (the other logits are never needed).
     """
     import inspect
 
@@ -571,6 +594,11 @@ def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, p
     # transformers 5 renamed ``past_key_values`` to ``cache``; use whichever the model takes.
     cache_kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
     cache = None
+    if every_token:
+        batch = [(ids, [-100] * prefix_len + ids[prefix_len:]) for ids, _ in batch]
+    if drop_prefix:
+        batch = [(ids[prefix_len:], labels[prefix_len:]) for ids, labels in batch]
+        prefix_len = 0
     if prefix_len > 0:
         prefix = torch.tensor([batch[0][0][:prefix_len]], dtype=torch.long, device=device)
         shared = DynamicCache()
@@ -597,8 +625,8 @@ def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, p
     return torch.nn.functional.cross_entropy(logits.float(), next_labels[keep])
 
 
-def plot_loss(losses: list[float], path: Path, title: str) -> None:
-    """Save a loss curve (raw and smoothed) as PNG."""
+def plot_loss(losses: list[float], path: Path, title: str, pretrain_steps: int = 0) -> None:
+    """Save a loss curve (raw and smoothed) as PNG; a dashed line marks the end of LM pre-training."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -611,8 +639,14 @@ def plot_loss(losses: list[float], path: Path, title: str) -> None:
         smooth = [sum(losses[max(0, i - w + 1):i + 1]) / len(losses[max(0, i - w + 1):i + 1])
                   for i in range(len(losses))]
         ax.plot(range(1, len(losses) + 1), smooth, lw=1.6, label=f"mean of {w}")
+    if pretrain_steps:
+        ax.axvline(pretrain_steps + 0.5, ls="--", lw=0.8, color="grey")
+        ax.text(pretrain_steps + 0.5, 0.97, " SFT →", transform=ax.get_xaxis_transform(), va="top", fontsize=8,
+                color="grey")
+        ax.text(pretrain_steps + 0.5, 0.97, "← LM pre-training (all tokens) ", transform=ax.get_xaxis_transform(),
+                va="top", ha="right", fontsize=8, color="grey")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (assistant tokens)")
+    ax.set_ylabel("cross-entropy per target token")
     ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -689,7 +723,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         batch = [rows[i] for i in batch_idx]
         for g in optim.param_groups:
             g["lr"] = _lr_at(step, cfg)
-        loss = sft_loss(model, batch, pad, prefix_len, cfg.device)
+        pretraining = step < int(cfg.pretrain_frac * cfg.steps)
+        loss = sft_loss(model, batch, pad, prefix_len, cfg.device, drop_prefix=pretraining, every_token=pretraining)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -720,11 +755,13 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
                  "env_kwargs": env_kwargs, "bootstrap": {
         "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
         "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "examples": len(rows),
+        "pretrain_steps": int(cfg.pretrain_frac * cfg.steps),
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "scenario_counts": counts, "final_loss": losses[-1],
         "seconds": time.perf_counter() - t0}})
     (out / "trace_model.json").write_text(json.dumps(meta, indent=2, default=str))
     (out / "loss.json").write_text(json.dumps({"loss": losses}, indent=None))
-    plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} episodes, {turns} turns)")
+    plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} episodes, {turns} turns)",
+              pretrain_steps=int(cfg.pretrain_frac * cfg.steps))
     if on_checkpoint:
         on_checkpoint(cfg.steps, model, tokenizer, time.perf_counter() - t0)
     return BootstrapResult(out, losses, len(rows), turns, truncated, counts, time.perf_counter() - t0)

@@ -2,6 +2,7 @@
 
     trace model build [--preset tiny] [--out DIR] [--envs ID ...]
     trace model bootstrap --target trace/tau_airline-v0 [--exclude-scenarios S ...] [--steps 300]
+                          [--env-kwarg KEY=VALUE ...]
 
 ``build`` trains a tokenizer on the environments' own text, gives it TRL's Qwen3 chat template and
 saves a random-init Qwen3 model (cached by preset and content). ``bootstrap`` is the SFT warm-up on
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import CommandError
+from . import CommandError, parse_key_values
 from .rollout import REGISTRY_HELP, check_env_ids, load_registries
 
 
@@ -48,7 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--train-seeds", type=int, default=400, help="oracle episodes collected (default: 400)")
     p.add_argument("--seed-offset", type=int, default=100_000,
                    help="first training seed; evaluation seeds below it are held out (default: 100000)")
-    p.add_argument("--max-length", type=int, default=2048, help="longest training sequence in tokens")
+    p.add_argument("--max-length", type=int, default=4096, help="longest training sequence in tokens (default: 4096)")
+    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="gym.make kwarg of the target (repeatable), e.g. scenarios='[\"flight_status\",\"info\"]' "
+                        "or size='{\"bundle_prob\": 0}'")
     p.add_argument("--prompt", choices=["compact", "full"], default="compact",
                    help="the target's prompt size, for envs with a prompt switch (default: compact)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
@@ -87,8 +91,8 @@ def cmd_bootstrap(args) -> int:
                               exclude_scenarios=tuple(args.exclude_scenarios), steps=args.steps,
                               batch_size=args.batch_size, lr=args.lr, train_seeds=args.train_seeds,
                               seed_offset=args.seed_offset, max_length=args.max_length,
-                              prompt=args.prompt,
-                              threads=args.threads, out=args.out)
+                              prompt=args.prompt, threads=args.threads, out=args.out,
+                              env_kwargs=parse_key_values(args.env_kwarg, "--env-kwarg"))
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
     try:
@@ -97,6 +101,8 @@ def cmd_bootstrap(args) -> int:
         if "no oracle trajectories" in str(exc):
             raise CommandError(str(exc)) from exc
         raise
+    except TypeError as exc:  # a bad --env-kwarg reaches the env constructor
+        raise CommandError(f"{exc} (check --env-kwarg)") from exc
     kept = {s: c for s, c in result.scenario_counts.items()}
     print(f"trained {len(result.losses)} steps on {result.examples} episodes ({result.turns} assistant turns) "
           f"in {result.seconds:.0f}s; loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
