@@ -262,6 +262,28 @@ def test_bootstrap_trains_and_saves(model_dir, tmp_path):
         BootstrapConfig(target=EXAMPLE, steps=0)
 
 
+def test_teacher_forced_turns_counts_exact_turns(model_dir, tmp_path):
+    """A model overfitted on one episode reproduces each of its turns from the true history (rate 1.0); the
+    random base model reproduces none. The worked example's oracle only calls tools (no message turns)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_train.models import BootstrapConfig, bootstrap_model, oracle_trajectories, teacher_forced_turns
+
+    records, _ = oracle_trajectories(EXAMPLE, [7])
+    n_calls = sum(m["role"] == "assistant" for m in records[0]["messages"])
+    assert n_calls >= 2 and all(m.get("tool_calls") for m in records[0]["messages"] if m["role"] == "assistant")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = teacher_forced_turns(AutoModelForCausalLM.from_pretrained(model_dir).eval(), tok, records,
+                                max_new_tokens=48)
+    assert base == {"tool_call": 0.0, "message": None, "n_tool_call": n_calls, "n_message": 0}
+    result = bootstrap_model(BootstrapConfig(target=EXAMPLE, base=model_dir, train_seeds=1, seed_offset=7,
+                                             steps=80, batch_size=1, lr=1e-2, warmup_steps=3,
+                                             out=str(tmp_path / "overfit")), progress=False)
+    model = AutoModelForCausalLM.from_pretrained(result.path).eval()
+    assert teacher_forced_turns(model, tok, records, max_new_tokens=96) == {
+        "tool_call": 1.0, "message": None, "n_tool_call": n_calls, "n_message": 0}
+
+
 def test_cli_model_build(tmp_path, capsys):
     from trace_train.cli import main
 

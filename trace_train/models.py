@@ -397,7 +397,7 @@ class BootstrapConfig:
     train_seeds: int = 400
     seed_offset: int = 100_000
     steps: int = 300
-    batch_size: int = 4
+    batch_size: int = 8
     lr: float = 3e-3
     warmup_steps: int = 20
     max_length: int = 4096
@@ -518,6 +518,40 @@ def sft_segments(tokenizer, record: dict) -> list[tuple[str, bool]]:
         segments.append((full[len(prompt):stop], True))
         pos = stop
     return segments
+
+
+def teacher_forced_turns(model, tokenizer, records: list[dict], max_new_tokens: int = 96,
+                         device: str = "cpu") -> dict:
+    """How many assistant turns of ``records`` the model reproduces exactly, given the true history.
+
+    Each turn is generated greedily from the oracle's own history (as :class:`HFAgent` prompts it), so
+    one early mistake does not hide the later turns. Returns the exact-match rate of tool calls and of
+    messages, plus the number of each: a diagnostic next to episode success, which stays at 0 until
+    every turn of an episode is right (a model that has learnt the turn format but not yet to copy
+    ids from the conversation into its calls gets its messages right and its tool calls wrong).
+    """
+    import torch
+
+    hits = {"tool_call": [0, 0], "message": [0, 0]}
+    end = "<|im_end|>"
+    for record in records:
+        messages, tools = record["messages"], record["tools"] or None
+        full = tokenizer.apply_chat_template(messages + [_DUMMY_USER], tools=tools, tokenize=False)
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            prompt = render_prompt(tokenizer, messages[:i], tools)
+            want = full[len(prompt):full.index(end, len(prompt))]
+            ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=max_new_tokens, do_sample=False)
+            got = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False).split(end)[0]
+            kind = "tool_call" if m.get("tool_calls") else "message"
+            hits[kind][0] += int(got.strip() == want.strip())
+            hits[kind][1] += 1
+    return {**{k: (h / n if n else None) for k, (h, n) in hits.items()},
+            **{f"n_{k}": n for k, (_, n) in hits.items()}}
 
 
 def sft_rows(tokenizer, records: list[dict], max_length: int) -> tuple[list[tuple[list[int], list[int]]], int, int]:

@@ -44,8 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--exclude-scenarios", nargs="*", default=[], metavar="S",
                    help="scenario families (task_spec()['scenario']) left out of the warm-up")
     p.add_argument("--steps", type=int, default=300, help="optimiser steps (default: 300)")
-    p.add_argument("--batch-size", type=int, default=4, help="trajectories per step (default: 4)")
+    p.add_argument("--batch-size", type=int, default=8, help="trajectories per step (default: 8)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
+    p.add_argument("--pretrain-frac", type=float, default=0.0, metavar="F",
+                   help="curriculum: the first F of the steps are LM pre-training on the conversations alone "
+                        "(every token, no system prompt; cheaper steps), the rest SFT (default: 0)")
     p.add_argument("--train-seeds", type=int, default=400, help="oracle episodes collected (default: 400)")
     p.add_argument("--seed-offset", type=int, default=100_000,
                    help="first training seed; evaluation seeds below it are held out (default: 100000)")
@@ -92,6 +95,7 @@ def cmd_bootstrap(args) -> int:
                               batch_size=args.batch_size, lr=args.lr, train_seeds=args.train_seeds,
                               seed_offset=args.seed_offset, max_length=args.max_length,
                               prompt=args.prompt, threads=args.threads, out=args.out,
+                              pretrain_frac=args.pretrain_frac,
                               env_kwargs=parse_key_values(args.env_kwarg, "--env-kwarg"))
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
