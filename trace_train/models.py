@@ -493,19 +493,18 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None) -> 
 _DUMMY_USER = {"role": "user", "content": "."}
 
 
-def sft_segments(tokenizer, record: dict) -> list[tuple[str, bool]]:
-    """One trajectory as text segments ``(text, is_target)``: the assistant turns are the targets.
+def assistant_turns(tokenizer, record: dict) -> Iterable[tuple[int, str, str, int]]:
+    """Each assistant turn of a trajectory as ``(message index, prompt, full text, end)``.
 
-    The whole conversation is one training sequence (much cheaper than one sequence per turn). Each
-    assistant turn is rendered as it appears in later prompts, so the context of every target matches
-    what the model sees at inference. Qwen3's template gives the *last* assistant turn an empty
-    ``<think>`` block; a throw-away user message after it keeps every turn uniform, and is cut off.
+    ``prompt`` is the generation prompt before the turn (as :func:`render_prompt` renders it at
+    inference), ``full`` the whole conversation rendered once, and ``full[len(prompt):end]`` the turn
+    as it appears in later prompts, ``<|im_end|>`` included. Qwen3's template gives the *last*
+    assistant turn an empty ``<think>`` block; a throw-away user message after it keeps every turn
+    uniform.
     """
     messages, tools = record["messages"], record["tools"] or None
     end = "<|im_end|>"
     full = tokenizer.apply_chat_template(messages + [_DUMMY_USER], tools=tools, tokenize=False)
-    segments: list[tuple[str, bool]] = []
-    pos = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
@@ -513,7 +512,19 @@ def sft_segments(tokenizer, record: dict) -> list[tuple[str, bool]]:
         if not full.startswith(prompt):
             raise RuntimeError("the chat template is not prefix-preserving at an assistant turn; "
                                "cannot build SFT targets from it")
-        stop = full.index(end, len(prompt)) + len(end)
+        yield i, prompt, full, full.index(end, len(prompt)) + len(end)
+
+
+def sft_segments(tokenizer, record: dict) -> list[tuple[str, bool]]:
+    """One trajectory as text segments ``(text, is_target)``: the assistant turns are the targets.
+
+    The whole conversation is one training sequence (much cheaper than one sequence per turn). Each
+    assistant turn is rendered as it appears in later prompts, so the context of every target matches
+    what the model sees at inference (see :func:`assistant_turns`); the closing dummy turn is cut off.
+    """
+    segments: list[tuple[str, bool]] = []
+    pos = 0
+    for _, prompt, full, stop in assistant_turns(tokenizer, record):
         segments.append((full[pos:len(prompt)], False))
         segments.append((full[len(prompt):stop], True))
         pos = stop
@@ -535,19 +546,14 @@ def teacher_forced_turns(model, tokenizer, records: list[dict], max_new_tokens: 
     hits = {"tool_call": [0, 0], "message": [0, 0]}
     end = "<|im_end|>"
     for record in records:
-        messages, tools = record["messages"], record["tools"] or None
-        full = tokenizer.apply_chat_template(messages + [_DUMMY_USER], tools=tools, tokenize=False)
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            prompt = render_prompt(tokenizer, messages[:i], tools)
-            want = full[len(prompt):full.index(end, len(prompt))]
+        for i, prompt, full, stop in assistant_turns(tokenizer, record):
+            want = full[len(prompt):stop - len(end)]
             ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
             with torch.no_grad():
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                      max_new_tokens=max_new_tokens, do_sample=False)
             got = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False).split(end)[0]
-            kind = "tool_call" if m.get("tool_calls") else "message"
+            kind = "tool_call" if record["messages"][i].get("tool_calls") else "message"
             hits[kind][0] += int(got.strip() == want.strip())
             hits[kind][1] += 1
     return {**{k: (h / n if n else None) for k, (h, n) in hits.items()},
