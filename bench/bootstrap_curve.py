@@ -54,6 +54,10 @@ def parse_seeds(spec: str) -> list[int]:
     return list(range(int(lo), int(hi))) if hi else list(range(int(lo)))
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="trace/tau_airline-v0")
@@ -74,7 +78,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--pretrain-frac", type=float, default=0.5,
                         help="curriculum: fraction of steps of LM pre-training on the conversations alone "
-                             "(default 0.5: lower SFT loss at the same wall time than plain SFT)")
+                             "(default 0.5)")
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1,
@@ -148,7 +152,7 @@ def main() -> None:
         points.append(point)
         print(f"step {step:>4}  train {point['train_s'] / 60:5.1f} min  success {point['overall']:.3f}  "
               f"trained scenarios {point['trained_scenarios']}  left out {point['left_out_scenarios']}  "
-              f"turns right: calls {turns['tool_call']:.2f} messages {turns['message']:.2f}  "
+              f"turns right: calls {_rate(turns['tool_call'])} messages {_rate(turns['message'])}  "
               f"(eval {took:.0f}s, load {point['loadavg_1m']})", flush=True)
 
     steps = args.steps

@@ -58,8 +58,8 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_re
 #: punctuation). Unlike Qwen's split, a word never carries the space or quote before it, so an id is
 #: the same tokens wherever it appears — ``is stacy_watts_2428.`` in a user message and
 #: ``"user_id": "stacy_watts_2428"`` in a tool call share ``stacy _ watts _ 2428``. Copying an id
-#: from the conversation into a call is then a plain token copy, which a tiny model learns quickly;
-#: with Qwen's split (`` stacy`` vs ``stacy``) it must also learn the mapping between the two forms.
+#: from the conversation into a call is then a plain token copy; with Qwen's split (`` stacy`` vs
+#: ``stacy``) a model must also learn the mapping between the two spellings.
 #: Digits are kept in runs (BPE then splits a long run into pieces the same way everywhere), so a
 #: date or a flight number is a few tokens to copy instead of one per digit; the tiny models do no
 #: arithmetic worth protecting. JSON punctuation such as ``": "`` becomes one token.
@@ -383,10 +383,12 @@ class BootstrapConfig:
             on the conversations alone — without the shared prompt (a few hundred tokens per sequence
             instead of a few thousand, so these steps are several times cheaper) and with every token
             a target: user turns and tool results too. Tool results repeat the ids of the call
-            before them and of earlier turns, so this phase is rich in copying, which a tiny model
-            must learn before it can put the user's ids into its own calls (SFT on assistant turns
-            alone leaves it emitting memorised ids for a long time). The remaining steps are SFT on
-            the assistant turns of whole sequences, as the model sees them at inference. 0 disables it.
+            before them and of earlier turns, so this phase is rich in copying, the skill SFT on
+            assistant turns alone leaves unlearnt for a long time (the model writes memorised ids
+            instead of the user's). The remaining steps are SFT on the assistant turns of whole
+            sequences, as the model sees them at inference. 0 disables it. Measured on the airline
+            target (bench/bootstrap_curve.py): a lower SFT loss at the same wall time, but the
+            ``tiny`` preset still does not copy ids within 40 CPU minutes.
     """
 
     target: str
@@ -750,6 +752,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     gen = torch.Generator().manual_seed(cfg.seed)
     pad = tokenizer.pad_token_id
     prefix_len = shared_prefix_length(rows) if cfg.shared_prefix else 0
+    pretrain_steps = int(cfg.pretrain_frac * cfg.steps)
     logger.info("bootstrap: %d sequences, shared prefix of %d tokens", len(rows), prefix_len)
     losses: list[float] = []
     order: list[int] = []
@@ -763,7 +766,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         batch = [rows[i] for i in batch_idx]
         for g in optim.param_groups:
             g["lr"] = _lr_at(step, cfg)
-        pretraining = step < int(cfg.pretrain_frac * cfg.steps)
+        pretraining = step < pretrain_steps
         loss = sft_loss(model, batch, pad, prefix_len, cfg.device, drop_prefix=pretraining, every_token=pretraining)
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -795,13 +798,13 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
                  "env_kwargs": env_kwargs, "bootstrap": {
         "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
         "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "examples": len(rows),
-        "pretrain_steps": int(cfg.pretrain_frac * cfg.steps),
+        "pretrain_steps": pretrain_steps,
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "scenario_counts": counts, "final_loss": losses[-1],
         "seconds": time.perf_counter() - t0}})
     (out / "trace_model.json").write_text(json.dumps(meta, indent=2, default=str))
     (out / "loss.json").write_text(json.dumps({"loss": losses}, indent=None))
     plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} episodes, {turns} turns)",
-              pretrain_steps=int(cfg.pretrain_frac * cfg.steps))
+              pretrain_steps=pretrain_steps)
     if on_checkpoint:
         on_checkpoint(cfg.steps, model, tokenizer, time.perf_counter() - t0)
     return BootstrapResult(out, losses, len(rows), turns, truncated, counts, time.perf_counter() - t0)

@@ -402,7 +402,7 @@ def compact_schema(openai_schema: dict) -> dict:
 
     Argument names, types, enums and required fields are kept. Calls are still validated against the
     full schema (unknown arguments are rejected either way); the short form only changes what the
-    model reads, about a quarter fewer prompt tokens for a τ² domain.
+    model reads (the airline tool list: 5,867 characters instead of 6,456 with the ``false`` flags).
     """
     fn = openai_schema["function"]
     return {"type": "function", "function": {"name": fn["name"], "description": _first_sentence(fn["description"]),
