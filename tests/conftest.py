@@ -93,6 +93,42 @@ def example_id() -> str:
     return "examples/warehouse_stock-v0"
 
 
+# ----------------------------------------------------------------------------- capability env helpers
+
+
+def mean_reward(env, agent, seeds) -> float:
+    """Mean episode reward of ``agent`` on ``env`` over ``seeds``."""
+    from trace_envs import rollout
+
+    seeds = list(seeds)
+    return sum(rollout(env, agent, seed=s)["reward"] for s in seeds) / len(seeds)
+
+
+def distinct_tasks(env, seeds) -> int:
+    """How many different tasks (``task_fingerprint()``) ``env`` draws over ``seeds``."""
+    prints = set()
+    for seed in seeds:
+        env.reset(seed=seed)
+        prints.add(env.unwrapped.task_fingerprint())
+    return len(prints)
+
+
+class PlannedAgent:
+    """A shortcut agent for capability-env tests: ``plan(task) -> list of turns``, replayed turn by turn,
+    then ``fallback`` for any turn past the plan."""
+
+    def __init__(self, name, plan, fallback: str):
+        self.name, self.plan, self.fallback, self.turns, self.i = name, plan, fallback, [], 0
+
+    def reset(self, env, observation, info):
+        self.turns, self.i = self.plan(env.task), 0
+
+    def __call__(self, observation, info):
+        turn = self.turns[self.i] if self.i < len(self.turns) else self.fallback
+        self.i += 1
+        return turn
+
+
 # ----------------------------------------------------------------------------- a served tiny model
 # Built and served once per test session: the agents' and the analysis stage's tests both talk to a
 # real OpenAI-compatible server (`transformers serve`) on loopback.

@@ -16,28 +16,15 @@ from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import TauScriptedAgent
 from trace_envs.domains.task import CAPABILITIES
 
+from conftest import PlannedAgent, distinct_tasks, mean_reward
+
 ENV_ID = "trace/multi_step_completion-v0"
 N = 500
 ANYTHING_ELSE = "Is there anything else I can help you with?"
 
 
-def _mean(env, agent, seeds) -> float:
-    return sum(rollout(env, agent, seed=s)["reward"] for s in seeds) / len(seeds)
-
-
-class _PerTask:
-    """A shortcut agent: ``plan(task) -> list of turns``, replayed like the scripted agents."""
-
-    def __init__(self, name, plan):
-        self.name, self.plan, self.turns, self.i = name, plan, [], 0
-
-    def reset(self, env, observation, info):
-        self.turns, self.i = self.plan(env.task), 0
-
-    def __call__(self, observation, info):
-        turn = self.turns[self.i] if self.i < len(self.turns) else ANYTHING_ELSE
-        self.i += 1
-        return turn
+def _PerTask(name, plan):
+    return PlannedAgent(name, plan, fallback=ANYTHING_ELSE)
 
 
 def _guess(value):
@@ -103,11 +90,11 @@ def test_shortcut_stop_after_first_is_bounded(env):
 
 
 def test_shortcut_ending_at_once_scores_zero(env):
-    assert _mean(env, _PerTask("end", _end_at_once), range(N)) == 0.0
+    assert mean_reward(env, _PerTask("end", _end_at_once), range(N)) == 0.0
 
 
 def test_shortcut_guessed_arguments_is_bounded(env):
-    assert _mean(env, _PerTask("guessed", _guessed_writes), range(N)) <= 0.75
+    assert mean_reward(env, _PerTask("guessed", _guessed_writes), range(N)) <= 0.75
 
 
 def test_unrequested_writes_cost(env):
@@ -135,11 +122,7 @@ def test_unrequested_writes_cost(env):
 
 
 def test_1000_seeds_give_at_least_950_distinct_tasks(env):
-    prints = set()
-    for seed in range(1000):
-        env.reset(seed=seed)
-        prints.add(env.task_fingerprint())
-    assert len(prints) >= 950
+    assert distinct_tasks(env, range(1000)) >= 950
 
 
 def test_isolates_its_capability():
@@ -147,7 +130,7 @@ def test_isolates_its_capability():
     e = MultiStepCompletionEnv()
     seeds = range(100)
     for capability in CAPABILITIES:
-        score = _mean(e, TauScriptedAgent([capability]), seeds)
+        score = mean_reward(e, TauScriptedAgent([capability]), seeds)
         if capability == "multi_step_completion":
             assert score <= 0.36, score
         else:

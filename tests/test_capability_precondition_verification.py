@@ -16,27 +16,14 @@ from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import TauScriptedAgent
 from trace_envs.domains.task import CAPABILITIES
 
+from conftest import PlannedAgent, distinct_tasks, mean_reward
+
 ENV_ID = "trace/precondition_verification-v0"
 N = 500
 
 
-def _mean(env, agent, seeds) -> float:
-    return sum(rollout(env, agent, seed=s)["reward"] for s in seeds) / len(seeds)
-
-
-class _PerTask:
-    """A shortcut agent: ``plan(task) -> list of turns``, replayed like the scripted agents."""
-
-    def __init__(self, name, plan):
-        self.name, self.plan, self.turns, self.i = name, plan, [], 0
-
-    def reset(self, env, observation, info):
-        self.turns, self.i = self.plan(env.task), 0
-
-    def __call__(self, observation, info):
-        turn = self.turns[self.i] if self.i < len(self.turns) else "Goodbye."
-        self.i += 1
-        return turn
+def _PerTask(name, plan):
+    return PlannedAgent(name, plan, fallback="Goodbye.")
 
 
 def _guess(value):
@@ -94,27 +81,23 @@ def test_oracle_scores_one_on_500_seeds(env):
 
 
 def test_shortcut_refuse_everything_is_bounded(env):
-    assert _mean(env, _PerTask("refuse_all", _refuse_all), range(N)) <= 0.40
+    assert mean_reward(env, _PerTask("refuse_all", _refuse_all), range(N)) <= 0.40
 
 
 def test_shortcut_write_without_checking_is_bounded(env):
-    assert _mean(env, TauScriptedAgent(["precondition_verification"]), range(N)) <= 0.50
+    assert mean_reward(env, TauScriptedAgent(["precondition_verification"]), range(N)) <= 0.50
 
 
 def test_shortcut_guessed_arguments_is_bounded(env):
-    assert _mean(env, _PerTask("guessed", _guessed_write), range(N)) <= 0.40
+    assert mean_reward(env, _PerTask("guessed", _guessed_write), range(N)) <= 0.40
 
 
 def test_shortcut_doing_nothing_is_bounded(env):
-    assert _mean(env, _PerTask("nothing", _do_nothing), range(N)) <= 0.40
+    assert mean_reward(env, _PerTask("nothing", _do_nothing), range(N)) <= 0.40
 
 
 def test_1000_seeds_give_at_least_950_distinct_tasks(env):
-    prints = set()
-    for seed in range(1000):
-        env.reset(seed=seed)
-        prints.add(env.task_fingerprint())
-    assert len(prints) >= 950
+    assert distinct_tasks(env, range(1000)) >= 950
 
 
 def test_isolates_its_capability():
@@ -122,7 +105,7 @@ def test_isolates_its_capability():
     e = PreconditionVerificationEnv()
     seeds = range(150)
     for capability in CAPABILITIES:
-        score = _mean(e, TauScriptedAgent([capability]), seeds)
+        score = mean_reward(e, TauScriptedAgent([capability]), seeds)
         if capability == "precondition_verification":
             assert score <= 0.5, score
         else:

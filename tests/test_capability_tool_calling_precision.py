@@ -18,6 +18,8 @@ from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import ANYTHING_ELSE, CONFIRM, sloppy
 from trace_envs.domains.task import Call
 
+from conftest import distinct_tasks
+
 ENV_ID = "trace/tool_calling_precision-v0"
 N = 500
 
@@ -133,11 +135,7 @@ def test_oracle_scores_one_on_500_seeds_and_covers_both_domains(env):
 
 
 def test_1000_seeds_give_950_distinct_tasks(env):
-    prints = set()
-    for s in range(1000):
-        env.reset(seed=s)
-        prints.add(env.unwrapped.task_fingerprint())
-    assert len(prints) >= 950
+    assert distinct_tasks(env, range(1000)) >= 950
 
 
 @pytest.mark.parametrize("difficulty", [1, 5])
