@@ -113,6 +113,15 @@ def distinct_tasks(env, seeds) -> int:
     return len(prints)
 
 
+def deficit_scores(env, seeds) -> dict[str, float]:
+    """Mean reward on ``env`` of each planted-deficit reference agent (one per τ² capability), by capability:
+    a capability env isolates its capability when only its own deficit agent scores low."""
+    from trace_envs.domains.agents import TauScriptedAgent
+    from trace_envs.domains.task import CAPABILITIES
+
+    return {capability: mean_reward(env, TauScriptedAgent([capability]), seeds) for capability in CAPABILITIES}
+
+
 class PlannedAgent:
     """A shortcut agent for capability-env tests: ``plan(task) -> list of turns``, replayed turn by turn,
     then ``fallback`` for any turn past the plan."""

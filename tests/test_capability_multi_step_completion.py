@@ -14,9 +14,8 @@ from trace_envs import rollout
 from trace_envs.capabilities.multi_step_completion import REQUESTS, MultiStepCompletionEnv
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import TauScriptedAgent
-from trace_envs.domains.task import CAPABILITIES
 
-from conftest import PlannedAgent, distinct_tasks, mean_reward
+from conftest import PlannedAgent, deficit_scores, distinct_tasks, mean_reward
 
 ENV_ID = "trace/multi_step_completion-v0"
 N = 500
@@ -127,10 +126,8 @@ def test_1000_seeds_give_at_least_950_distinct_tasks(env):
 
 def test_isolates_its_capability():
     """The agent lacking multi-step completion scores low; agents lacking the others score high."""
-    e = MultiStepCompletionEnv()
-    seeds = range(100)
-    for capability in CAPABILITIES:
-        score = mean_reward(e, TauScriptedAgent([capability]), seeds)
+    scores = deficit_scores(MultiStepCompletionEnv(), range(100))
+    for capability, score in scores.items():
         if capability == "multi_step_completion":
             assert score <= 0.36, score
         else:

@@ -14,9 +14,8 @@ from trace_envs import rollout
 from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import TauScriptedAgent
-from trace_envs.domains.task import CAPABILITIES
 
-from conftest import PlannedAgent, distinct_tasks, mean_reward
+from conftest import PlannedAgent, deficit_scores, distinct_tasks, mean_reward
 
 ENV_ID = "trace/precondition_verification-v0"
 N = 500
@@ -102,10 +101,8 @@ def test_1000_seeds_give_at_least_950_distinct_tasks(env):
 
 def test_isolates_its_capability():
     """The agent lacking precondition verification scores low; agents lacking the others score high."""
-    e = PreconditionVerificationEnv()
-    seeds = range(150)
-    for capability in CAPABILITIES:
-        score = mean_reward(e, TauScriptedAgent([capability]), seeds)
+    scores = deficit_scores(PreconditionVerificationEnv(), range(150))
+    for capability, score in scores.items():
         if capability == "precondition_verification":
             assert score <= 0.5, score
         else:
