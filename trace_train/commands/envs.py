@@ -16,6 +16,7 @@ import inspect
 import re
 
 from . import CommandError, format_table, parse_key_values
+from .rollout import load_registries
 
 _TOOLS_SECTION = re.compile(r"# Tools\n.*?</tools>", re.DOTALL)
 
@@ -56,22 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------- helpers
 
-def _load(registries: list[str]):
-    """Import ``trace_envs`` (registering the defaults) and load ``--registry`` paths; returns the module."""
-    try:
-        import trace_envs
-    except Exception as exc:  # a broken TRACE_REGISTRY entry is the user's to fix, not a crash
-        if type(exc).__name__ == "RegistryError":
-            raise CommandError(f"{exc} (while loading TRACE_REGISTRY)") from exc
-        raise
-    for path in registries:
-        try:
-            trace_envs.load_registry(path)
-        except trace_envs.RegistryError as exc:
-            raise CommandError(str(exc)) from exc
-    return trace_envs
-
-
 def _entry(trace_envs, env_id: str):
     try:
         return trace_envs.get_entry(env_id)
@@ -100,7 +85,7 @@ def _signature(schema: dict) -> str:
 # ---------------------------------------------------------------- verbs
 
 def cmd_list(args: argparse.Namespace) -> int:
-    trace_envs = _load(args.registry)
+    trace_envs = load_registries(args.registry)
     from trace_envs.core.registry import KINDS
 
     if args.kind is not None and args.kind not in KINDS:
@@ -116,7 +101,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    trace_envs = _load(args.registry)
+    trace_envs = load_registries(args.registry)
     import gymnasium as gym
 
     entry = _entry(trace_envs, args.env_id)
@@ -170,7 +155,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    trace_envs = _load(args.registry)
+    trace_envs = load_registries(args.registry)
     entry = _entry(trace_envs, args.env_id)
     if args.seeds is not None and args.seeds < 2:
         raise CommandError(f"--seeds must be at least 2 (the seed checks compare seeds), got {args.seeds}")
@@ -268,7 +253,7 @@ def _model_agent(args):
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    trace_envs = _load(args.registry)
+    trace_envs = load_registries(args.registry)
     from trace_envs import calibration
 
     entry = _entry(trace_envs, args.env_id)

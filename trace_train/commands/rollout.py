@@ -37,7 +37,7 @@ def load_registries(paths: list[str]):
     """Import ``trace_envs`` and load ``--registry`` paths (errors become CommandError)."""
     try:
         import trace_envs
-    except Exception as exc:
+    except Exception as exc:  # a broken TRACE_REGISTRY entry is the user's to fix, not a crash
         if type(exc).__name__ == "RegistryError":
             raise CommandError(f"{exc} (while loading TRACE_REGISTRY)") from exc
         raise
