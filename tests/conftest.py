@@ -122,6 +122,19 @@ def deficit_scores(env, seeds) -> dict[str, float]:
     return {capability: mean_reward(env, TauScriptedAgent([capability]), seeds) for capability in CAPABILITIES}
 
 
+def guess_argument(value):
+    """A placeholder of the same JSON type as ``value``: what a shortcut agent writes without reading."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return 0
+    if isinstance(value, str):
+        return "guess"
+    if isinstance(value, list):
+        return []
+    return {}
+
+
 class PlannedAgent:
     """A shortcut agent for capability-env tests: ``plan(task) -> list of turns``, replayed turn by turn,
     then ``fallback`` for any turn past the plan."""

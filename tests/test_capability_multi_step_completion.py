@@ -15,7 +15,7 @@ from trace_envs.capabilities.multi_step_completion import REQUESTS, MultiStepCom
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import TauScriptedAgent
 
-from conftest import PlannedAgent, deficit_scores, distinct_tasks, mean_reward
+from conftest import PlannedAgent, deficit_scores, distinct_tasks, guess_argument, mean_reward
 
 ENV_ID = "trace/multi_step_completion-v0"
 N = 500
@@ -24,18 +24,6 @@ ANYTHING_ELSE = "Is there anything else I can help you with?"
 
 def _PerTask(name, plan):
     return PlannedAgent(name, plan, fallback=ANYTHING_ELSE)
-
-
-def _guess(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return 0
-    if isinstance(value, str):
-        return "guess"
-    if isinstance(value, list):
-        return []
-    return {}
 
 
 def _end_at_once(task):
@@ -47,7 +35,7 @@ def _guessed_writes(task):
     for r in task.requests:
         if r.write is not None:
             turns += ["I'll take care of that. Do you confirm (yes/no)?",
-                      hermes_tool_call(r.write.name, {k: _guess(v) for k, v in r.write.arguments.items()}),
+                      hermes_tool_call(r.write.name, {k: guess_argument(v) for k, v in r.write.arguments.items()}),
                       f"Done. {ANYTHING_ELSE}"]
         else:
             turns.append(f"I have noted your question. {ANYTHING_ELSE}")

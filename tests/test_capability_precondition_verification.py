@@ -15,7 +15,7 @@ from trace_envs.capabilities.precondition_verification import PreconditionVerifi
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import TauScriptedAgent
 
-from conftest import PlannedAgent, deficit_scores, distinct_tasks, mean_reward
+from conftest import PlannedAgent, deficit_scores, distinct_tasks, guess_argument, mean_reward
 
 ENV_ID = "trace/precondition_verification-v0"
 N = 500
@@ -23,18 +23,6 @@ N = 500
 
 def _PerTask(name, plan):
     return PlannedAgent(name, plan, fallback="Goodbye.")
-
-
-def _guess(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return 0
-    if isinstance(value, str):
-        return "guess"
-    if isinstance(value, list):
-        return []
-    return {}
 
 
 def _refuse_all(task):
@@ -48,7 +36,7 @@ def _do_nothing(task):
 def _guessed_write(task):
     r = task.requests[0]
     call = r.write or r.forbidden_write
-    args = {k: _guess(v) for k, v in call.arguments.items()}
+    args = {k: guess_argument(v) for k, v in call.arguments.items()}
     return ["Sure. Do you confirm (yes/no)?", hermes_tool_call(call.name, args),
             "Done. Is there anything else I can help you with?"]
 
