@@ -88,18 +88,22 @@ def _bootstrap(values: np.ndarray, n_boot: int, rng: np.random.Generator, level:
     return float(lo), float(hi)
 
 
+def _estimate(values: np.ndarray, n_boot: int, rng: np.random.Generator, level: float) -> dict | None:
+    """Mean of the non-NaN per-task values with its bootstrap CI (None when there are none)."""
+    valid = values[~np.isnan(values)]
+    if len(valid) == 0:
+        return None
+    lo, hi = _bootstrap(values, n_boot, rng, level) if n_boot > 0 else (math.nan, math.nan)
+    return {"value": float(valid.mean()), "ci": [lo, hi], "n_tasks": int(len(valid))}
+
+
 def summarize(tasks: list[dict], ks: Sequence[int], n_boot: int, rng: np.random.Generator, level: float) -> dict:
     """Point estimates and bootstrap CIs of every metric over a list of task outcomes."""
     out: dict[str, Any] = {"tasks": len(tasks), "trials": int(sum(t["trials"] for t in tasks))}
     if not tasks:
         return out
     for name, vals in _per_task_values(tasks, ks).items():
-        valid = vals[~np.isnan(vals)]
-        if len(valid) == 0:
-            out[name] = None
-            continue
-        lo, hi = _bootstrap(vals, n_boot, rng, level) if n_boot > 0 else (math.nan, math.nan)
-        out[name] = {"value": float(valid.mean()), "ci": [lo, hi], "n_tasks": int(len(valid))}
+        out[name] = _estimate(vals, n_boot, rng, level)
     return out
 
 
@@ -159,13 +163,7 @@ def compare(base: str | Path | Iterable[dict], candidate: str | Path | Iterable[
             return out
         bv, cv = _per_task_values(bl, ks), _per_task_values(cl, ks)
         for name in bv:
-            d = cv[name] - bv[name]  # NaN where either side lacks enough trials
-            valid = d[~np.isnan(d)]
-            if len(valid) == 0:
-                out[name] = None
-                continue
-            lo, hi = _bootstrap(d, n_boot, rng, level) if n_boot > 0 else (math.nan, math.nan)
-            out[name] = {"value": float(valid.mean()), "ci": [lo, hi], "n_tasks": int(len(valid))}
+            out[name] = _estimate(cv[name] - bv[name], n_boot, rng, level)  # NaN where a side lacks trials
         return out
 
     rate = lambda t: t["successes"] / t["trials"]  # noqa: E731

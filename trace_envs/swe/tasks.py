@@ -291,6 +291,17 @@ def _instance_id(repo: Repo, mutations: list[Mutation]) -> str:
     return f"{repo.spec.key}.{family}__{digest}"
 
 
+def _progress_bar(enabled: bool, total: int, desc: str, unit: str):
+    """A tqdm bar when ``enabled`` and tqdm is installed (the ``swe`` extra alone does not need it), else None."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit=unit)
+
+
 def validate_candidates(repo: Repo, sandbox, mutations: list[Mutation], *, combine: int = 0, seed: int = 0,
                         timeout: float = 120.0, progress: bool = False, restart=None) -> tuple[list[dict], YieldStats]:
     """Validate candidate bugs in ``sandbox`` (holding the clean repository); return instances and stats.
@@ -363,14 +374,7 @@ def validate_candidates(repo: Repo, sandbox, mutations: list[Mutation], *, combi
                            "clean_seconds": round(clean1.seconds, 3)},
         }
 
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(mutations), desc=f"validate {repo.spec.key}", unit="bug")
-        except ImportError:
-            bar = None
+    bar = _progress_bar(progress, len(mutations), f"validate {repo.spec.key}", "bug")
     instances, valid_muts = [], []
     for m in mutations:
         stats.candidates += 1
@@ -512,14 +516,7 @@ def recheck_instance_file(path: Path, sandbox_factory, load_repo, timeout: float
     for inst in instances:
         by_repo.setdefault(inst["repo"], []).append(inst)
     good, bad = [], []
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(instances), desc=f"recheck {path.stem}", unit="inst")
-        except ImportError:
-            bar = None
+    bar = _progress_bar(progress, len(instances), f"recheck {path.stem}", "inst")
     for key, insts in by_repo.items():
         repo = load_repo(key)
         box = sandbox_factory(repo)
