@@ -1,9 +1,10 @@
 """Success of the bootstrapped tiny model on held-out seeds of the target, against wall time.
 
 The SFT warm-up (``trace model bootstrap``) trains the tiny preset on oracle trajectories of the
-target (seeds from 100000 up) with some scenario families left out; every ``--eval-every`` steps the
-model in training is evaluated greedily on held-out seeds (``--eval-seeds``, default 0:40) with the
-compact prompt.
+target (seeds from 100000 up) with some scenario families left out, for ``--budget-min`` minutes of
+training (a time budget, not a step count planned in advance: see ``BootstrapConfig.max_seconds``);
+at every quarter of it the model in training is evaluated greedily on held-out seeds
+(``--eval-seeds``, default 0:40) with the compact prompt.
 
 What is learnable in 20 CPU minutes: by default the warm-up trains on the simplest airline families
 (``--scenarios flight_status info``: look the user up, one read tool, answer) with one request per
@@ -11,11 +12,12 @@ episode (``--bundle-prob 0``, the env's documented ``size={"bundle_prob": ...}``
 evaluation env draws from those families plus the left-out ones (``--exclude-scenarios``, default
 ``cancel``), uniformly. Overall success is over that mix; the left-out share is reported apart. The
 env is the real ``trace/tau_airline-v0`` (compact prompt: short policy and tool schemas); pass
-``--scenarios`` with more families (or ``all``) for a harder curve. The recipe: the ``tiny`` preset,
-batches of 8, and the curriculum ``--pretrain-frac 0.5`` (LM pre-training on the conversations
-alone, then SFT; see ``BootstrapConfig.pretrain_frac``).
+``--scenarios`` with more families (or ``all``) for a harder curve. The recipe: the ``tiny`` preset
+(built with a hand-set copy circuit, :mod:`trace_train.copy_circuit`, held fixed during the warm-up:
+``--freeze-circuit``), batches of 8, and the curriculum ``--pretrain-frac 0.5`` (LM pre-training on
+the conversations alone, then SFT; see ``BootstrapConfig.pretrain_frac``).
 
-Reported per checkpoint: training wall time (evaluation pauses excluded), success overall, on the
+Reported per checkpoint: training wall time (setup and evaluation pauses excluded), success overall, on the
 scenarios trained on, and on the scenarios left out — which must stay low: the warm-up yields a base
 model with known gaps, the embedded demo's base agent — and, as a diagnostic, the share of assistant
 turns of held-out oracle episodes the model reproduces exactly from the true history, tool calls and
@@ -69,16 +71,18 @@ def main() -> None:
     parser.add_argument("--bundle-prob", type=float, default=0.0,
                         help="chance of a multi-request episode (env size knob; default 0: one request each)")
     parser.add_argument("--budget-min", type=float, default=20.0, help="training wall-time budget in minutes")
-    parser.add_argument("--sec-per-step", type=float, default=None,
-                        help="expected seconds per step (default: measured on a short probe run)")
-    parser.add_argument("--steps", type=int, default=None, help="steps (default: from the budget)")
-    parser.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: steps/4)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="a fixed number of steps instead of the time budget (evaluated every quarter)")
+    parser.add_argument("--train-seeds", type=int, default=1000, help="oracle episodes to train on (default: 1000)")
+    parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--eval-seeds", default="0:40", help="held-out seeds (default: 0:40)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--pretrain-frac", type=float, default=0.5,
                         help="curriculum: fraction of steps of LM pre-training on the conversations alone "
                              "(default 0.5)")
+    parser.add_argument("--freeze-circuit", choices=["all", "positional", "none"], default="positional",
+                        help="which part of the tiny preset's copy circuit stays as built (default: positional)")
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1,
@@ -135,7 +139,6 @@ def main() -> None:
     print(f"model {base.path} ({'cached' if base.cached else 'built'} in {time.perf_counter() - t_build:.0f}s)")
 
     points: list[dict] = []
-    eval_time = [0.0]
 
     def evaluate(step: int, model, tokenizer, seconds: float) -> None:
         t0 = time.perf_counter()
@@ -145,8 +148,7 @@ def main() -> None:
                            env_kwargs=env_kwargs)
         turns = teacher_forced_turns(model, tokenizer, probe_records, device=args.device)
         took = time.perf_counter() - t0
-        eval_time[0] += took
-        point = {"step": step, "train_s": seconds - eval_time[0] + took, **split(res.records),
+        point = {"step": step, "train_s": seconds, **split(res.records),
                  "turns_tool_call": turns["tool_call"], "turns_message": turns["message"], "eval_s": took,
                  "loadavg_1m": round(os.getloadavg()[0], 2)}
         points.append(point)
@@ -155,27 +157,16 @@ def main() -> None:
               f"turns right: calls {_rate(turns['tool_call'])} messages {_rate(turns['message'])}  "
               f"(eval {took:.0f}s, load {point['loadavg_1m']})", flush=True)
 
-    steps = args.steps
-    if steps is None:
-        sec = args.sec_per_step
-        if sec is None:  # a short probe run measures this machine's speed (setup excluded)
-            stamps: list[float] = []
-            bootstrap_model(BootstrapConfig(
-                target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=6,
-                train_seeds=24, batch_size=args.batch_size, max_length=args.max_length, threads=args.threads,
-                device=args.device, env_kwargs=train_kwargs, out=str(out / "probe"), pretrain_frac=0.5),
-                progress=False, checkpoint_every=1, on_checkpoint=lambda step, model, tok, secs: stamps.append(secs))
-            free, full = (stamps[2] - stamps[0]) / 2, (stamps[5] - stamps[3]) / 2  # steps 1-2 and 4-5
-            sec = args.pretrain_frac * free + (1 - args.pretrain_frac) * full
-            print(f"probe: {free:.2f}s per step without the prompt, {full:.2f}s with it")
-        steps = max(10, int(args.budget_min * 60 / sec))
-        print(f"~{sec:.1f}s per step -> {steps} steps for {args.budget_min:g} min")
-    every = args.eval_every or max(1, -(-steps // 4))  # 4 evaluations, the last one at the end
-    cfg = BootstrapConfig(target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded), steps=steps,
+    budget_s = args.budget_min * 60
+    cfg = BootstrapConfig(target=args.target, base=str(base.path), exclude_scenarios=tuple(excluded),
+                          steps=args.steps or 1_000_000, max_seconds=None if args.steps else budget_s,
                           batch_size=args.batch_size, lr=args.lr, max_length=args.max_length, threads=args.threads,
-                          device=args.device, train_seeds=max(200, steps * args.batch_size // 2), out=str(out / "model"),
-                          env_kwargs=train_kwargs, warmup_steps=max(1, min(20, steps // 10)),
-                          pretrain_frac=args.pretrain_frac)
+                          device=args.device, train_seeds=args.train_seeds, out=str(out / "model"),
+                          env_kwargs=train_kwargs, warmup_steps=args.warmup_steps, pretrain_frac=args.pretrain_frac,
+                          freeze_circuit=args.freeze_circuit)
+    # 4 evaluations, the last one at the end: every quarter of the budget (or of --steps).
+    every_steps = -(-args.steps // 4) if args.steps else 0
+    every_s = 0.0 if args.steps else budget_s / 4
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import torch
@@ -184,7 +175,7 @@ def main() -> None:
     if not args.skip_untrained:
         evaluate(0, AutoModelForCausalLM.from_pretrained(base.path).to(args.device).eval(),
                  AutoTokenizer.from_pretrained(base.path), 0.0)
-        eval_time[0] = 0.0
+
     def write_report(result=None) -> None:
         """bootstrap_curve.json and .png from the points so far (rewritten after every evaluation)."""
         if not points:
@@ -194,8 +185,8 @@ def main() -> None:
         report = {"target": args.target, "scenarios": trained or "all", "exclude_scenarios": sorted(excluded),
                   "train_env_kwargs": {**prompt_env_kwargs(args.target, "compact"), **train_kwargs},
                   "eval_env_kwargs": eval_kwargs, "eval_seeds": args.eval_seeds, "budget_min": args.budget_min,
-                  "oracle": oracle, "steps": steps, "batch_size": args.batch_size, "lr": args.lr,
-                  "pretrain_frac": args.pretrain_frac,
+                  "oracle": oracle, "steps": points[-1]["step"], "batch_size": args.batch_size, "lr": args.lr,
+                  "pretrain_frac": args.pretrain_frac, "freeze_circuit": args.freeze_circuit,
                   "threads": args.threads, "device": args.device, "cpu_count": os.cpu_count(),
                   "loadavg_now": os.getloadavg(), "complete": result is not None,
                   "goal": {"overall_success": 0.30, "within_min": 20.0},
@@ -247,7 +238,8 @@ def main() -> None:
         checkpoint(step, model, tokenizer, seconds)
         write_report()
 
-    result = bootstrap_model(cfg, progress=True, on_checkpoint=evaluate_and_write, checkpoint_every=every)
+    result = bootstrap_model(cfg, progress=True, on_checkpoint=evaluate_and_write, checkpoint_every=every_steps,
+                             checkpoint_every_s=every_s)
     write_report(result)
     last = points[-1]
     print(f"\nafter {last['train_s'] / 60:.1f} min: success {last['overall']:.3f} "

@@ -260,6 +260,29 @@ def test_bootstrap_trains_and_saves(model_dir, tmp_path):
     AutoModelForCausalLM.from_pretrained(result.path)
     with pytest.raises(ValueError, match="steps"):
         BootstrapConfig(target=EXAMPLE, steps=0)
+    with pytest.raises(ValueError, match="freeze_circuit"):
+        BootstrapConfig(target=EXAMPLE, freeze_circuit="some")
+
+
+def test_bootstrap_stops_on_its_time_budget(model_dir, tmp_path):
+    """With ``max_seconds`` the run ends when the training time is spent; checkpoints follow that time."""
+    from trace_train.models import BootstrapConfig, bootstrap_model, model_metadata
+
+    _register_scenario_env()
+    calls = []
+    cfg = BootstrapConfig(target=SCENARIO_ENV, base=model_dir, steps=100_000, max_seconds=3.0, batch_size=2,
+                          train_seeds=12, warmup_steps=2, pretrain_frac=0.5, out=str(tmp_path / "boot"))
+    result = bootstrap_model(cfg, progress=False, checkpoint_every_s=1.0,
+                             on_checkpoint=lambda step, model, tok, secs: calls.append((step, secs)))
+    steps = len(result.losses)
+    assert 2 < steps < 100_000
+    meta = model_metadata(result.path)["bootstrap"]
+    assert meta["steps"] == steps and 3.0 <= meta["train_seconds"] < 3.0 + 5.0
+    assert 0 < meta["pretrain_steps"] < steps  # the curriculum follows the spent share of the budget
+    assert calls[-1][0] == steps  # the final call, after the last step
+    mid = [secs for _, secs in calls[:-1]]
+    assert len(mid) >= 2 and all(b > a for a, b in zip(mid, mid[1:])) and mid[0] >= 1.0
+    assert all(secs < 3.0 for secs in mid)
 
 
 def test_teacher_forced_turns_counts_exact_turns(model_dir, tmp_path):

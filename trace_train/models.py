@@ -10,6 +10,9 @@ builds locally, with no hub access:
   ``Qwen3ForCausalLM`` at random from a size preset and saves both with
   ``save_pretrained`` into a cache folder keyed by the preset and the content
   (corpus, template, config). A second call with the same inputs is a cache hit.
+  The ``tiny`` preset is not wholly random: it is built with a hand-set copy
+  circuit (:mod:`trace_train.copy_circuit`), so it copies ids from its context
+  before any training — a skill SFT alone never gave it on a CPU budget.
 * :func:`bootstrap_model` is the SFT warm-up: it plays the target env's oracle
   on training seeds, turns every assistant turn into a (prompt, completion)
   pair rendered with the chat template exactly as :class:`~trace_train.agents.HFAgent`
@@ -44,10 +47,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from .copy_circuit import FREEZE_CHOICES, CopyCircuit, circuit_of, freeze_copy_circuit, install_copy_circuit
+
 logger = logging.getLogger(__name__)
 
 #: Bump when the build recipe changes, so cached models are rebuilt.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 
 #: Tokens with a role in the chat template. The first three are "special" (dropped by
 #: ``skip_special_tokens``), the rest are ordinary added tokens, as in Qwen3's own tokenizer.
@@ -103,6 +108,9 @@ class ModelPreset:
         num_key_value_heads: key/value heads (grouped-query attention).
         head_dim: width of one attention head.
         max_position_embeddings: longest sequence the model is configured for.
+        rope_theta: RoPE base.
+        copy_circuit: if set, the model is built with this hand-set induction (copy) circuit in its
+            first two layers (:mod:`trace_train.copy_circuit`); the LM head is then untied.
     """
 
     vocab_size: int
@@ -113,6 +121,8 @@ class ModelPreset:
     num_key_value_heads: int
     head_dim: int
     max_position_embeddings: int = 8192
+    rope_theta: float = 10000.0
+    copy_circuit: CopyCircuit | None = None
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -120,10 +130,13 @@ PRESETS: dict[str, ModelPreset] = {
     "nano": ModelPreset(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     # The CPU default, sized for training speed on 2 cores (attention over a ~2k-token τ² prompt is
-    # most of the cost, so two layers of two heads): learns the turn format and well-formed tool
-    # calls within a few hundred SFT steps (see bench/bootstrap_curve.py for what it reaches).
-    "tiny": ModelPreset(vocab_size=6144, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=32),
+    # most of the cost, so two layers of two heads), built with the copy circuit: it copies ids from
+    # the conversation from the start, and SFT learns the turn format and when to copy within a few
+    # hundred steps (see bench/bootstrap_curve.py for what it reaches). The huge RoPE base keeps the
+    # induction head's content pairs still over the context (CopyCircuit.check).
+    "tiny": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
+                        rope_theta=1e28, copy_circuit=CopyCircuit()),
     # Still CPU-trainable, for runs that can afford tens of minutes.
     "small": ModelPreset(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=2, head_dim=32),
@@ -298,17 +311,21 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     vocab = len(tok)
     # Round the embedding table up to a multiple of 64 (faster matmuls); the extra rows are never produced.
     padded_vocab = int(math.ceil(vocab / 64) * 64)
+    circuit = config.copy_circuit
     model_config = Qwen3Config(
         vocab_size=padded_vocab, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings, rope_theta=10000.0, tie_word_embeddings=True,
+        max_position_embeddings=config.max_position_embeddings, rope_theta=config.rope_theta,
+        tie_word_embeddings=circuit is None,
         bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), use_cache=True, initializer_range=0.02,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(model_config)
+        if circuit is not None:
+            install_copy_circuit(model, tok, circuit, seed=seed)
     model.generation_config = GenerationConfig(
         eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")],
         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), do_sample=False,
@@ -388,7 +405,15 @@ class BootstrapConfig:
             instead of the user's). The remaining steps are SFT on the assistant turns of whole
             sequences, as the model sees them at inference. 0 disables it. Measured on the airline
             target (bench/bootstrap_curve.py): a lower SFT loss at the same wall time, but the
-            ``tiny`` preset still does not copy ids within 40 CPU minutes.
+            ``tiny`` preset still did not copy ids within 40 CPU minutes before it had a copy circuit.
+        max_seconds: a training-time budget (the optimisation loop only): training stops when it
+            is spent, or after ``steps`` (then an upper bound), whichever comes first; the learning-rate
+            schedule and the pre-training phase follow the share of the budget spent. Robust to a
+            machine of unknown or varying speed, where a step count planned from a probe is not.
+        freeze_circuit: for a base built with a copy circuit (the ``tiny`` preset), which of its
+            weights stay as built: ``all``, ``positional`` (the induction head trains too) or
+            ``none`` (:func:`trace_train.copy_circuit.circuit_gradient_masks`). Everything else
+            trains. With ``none``, SFT slowly erodes the copying it relies on.
     """
 
     target: str
@@ -410,10 +435,16 @@ class BootstrapConfig:
     env_kwargs: dict = field(default_factory=dict)
     shared_prefix: bool = True
     pretrain_frac: float = 0.0
+    freeze_circuit: str = "positional"
+    max_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
+        if self.freeze_circuit not in FREEZE_CHOICES:
+            raise ValueError(f"freeze_circuit must be one of {', '.join(FREEZE_CHOICES)}, got {self.freeze_circuit!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.train_seeds < 1:
@@ -586,11 +617,11 @@ def sft_rows(tokenizer, records: list[dict], max_length: int) -> tuple[list[tupl
     return rows, turns, dropped
 
 
-def _lr_at(step: int, cfg: BootstrapConfig) -> float:
+def _lr_at(step: int, done: float, cfg: BootstrapConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine to 10% over the share ``done`` of the run."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
 
 
 def shared_prefix_length(rows: Sequence[tuple[list[int], list[int]]]) -> int:
@@ -713,15 +744,18 @@ class BootstrapResult:
 
 def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
                     on_checkpoint: Callable[[int, Any, Any, float], None] | None = None,
-                    checkpoint_every: int = 0) -> BootstrapResult:
+                    checkpoint_every: int = 0, checkpoint_every_s: float = 0.0) -> BootstrapResult:
     """SFT warm-up of a tiny model on the target env's oracle trajectories.
 
     Args:
         cfg: the settings.
         progress: show a tqdm bar.
-        on_checkpoint: called as ``fn(step, model, tokenizer, seconds_since_start)`` every
-            ``checkpoint_every`` steps and at the end (the model is in eval mode during the call).
+        on_checkpoint: called as ``fn(step, model, tokenizer, training_seconds)`` every
+            ``checkpoint_every`` steps (or ``checkpoint_every_s`` seconds of training) and at the end;
+            the model is in eval mode during the call. ``training_seconds`` counts the optimisation
+            loop only: not the setup (oracle episodes, model load) nor the callbacks themselves.
         checkpoint_every: period of ``on_checkpoint`` in steps (0 = only at the end).
+        checkpoint_every_s: period of ``on_checkpoint`` in seconds of training (0 = by steps).
 
     Returns:
         A :class:`BootstrapResult`; the model, ``loss.json``, ``loss_curve.png`` and ``trace_model.json``
@@ -746,18 +780,28 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         logger.warning("%d assistant turns did not fit in %d tokens and were left out; use compact prompts",
                        truncated, cfg.max_length)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(cfg.device)
+    circuit = circuit_of(model_metadata(base))
+    if circuit is not None:
+        freeze_copy_circuit(model, circuit, cfg.freeze_circuit)
     model.train()
     model.config.use_cache = False
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     pad = tokenizer.pad_token_id
     prefix_len = shared_prefix_length(rows) if cfg.shared_prefix else 0
-    pretrain_steps = int(cfg.pretrain_frac * cfg.steps)
     logger.info("bootstrap: %d sequences, shared prefix of %d tokens", len(rows), prefix_len)
     losses: list[float] = []
     order: list[int] = []
+    pretrain_steps = 0
+    train_s = 0.0  # time in the optimisation loop, callbacks excluded
+    next_checkpoint_s = checkpoint_every_s
     bar = tqdm(range(cfg.steps), desc=f"bootstrap {cfg.target}", disable=not progress, unit="step")
     for step in bar:
+        # Share of the run done: of the time budget when there is one, else of the steps.
+        done = train_s / cfg.max_seconds if cfg.max_seconds else step / cfg.steps
+        if done >= 1.0:
+            break
+        t_step = time.perf_counter()
         batch_idx = []
         for _ in range(cfg.batch_size):
             if not order:
@@ -765,19 +809,25 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
             batch_idx.append(order.pop())
         batch = [rows[i] for i in batch_idx]
         for g in optim.param_groups:
-            g["lr"] = _lr_at(step, cfg)
-        pretraining = step < pretrain_steps
+            g["lr"] = _lr_at(step, done, cfg)
+        pretraining = done < cfg.pretrain_frac
+        pretrain_steps += int(pretraining)
         loss = sft_loss(model, batch, pad, prefix_len, cfg.device, drop_prefix=pretraining, every_token=pretraining)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if on_checkpoint and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+        train_s += time.perf_counter() - t_step
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", train_min=f"{train_s / 60:.1f}")
+        due = (checkpoint_every and (step + 1) % checkpoint_every == 0) or \
+              (checkpoint_every_s and train_s >= next_checkpoint_s)
+        last = step + 1 == cfg.steps or (cfg.max_seconds is not None and train_s >= cfg.max_seconds)
+        if on_checkpoint and due and not last:
+            next_checkpoint_s += checkpoint_every_s
             model.eval()
             model.config.use_cache = True
-            on_checkpoint(step + 1, model, tokenizer, time.perf_counter() - t0)
+            on_checkpoint(step + 1, model, tokenizer, train_s)
             model.train()
             model.config.use_cache = False
     bar.close()
@@ -797,8 +847,9 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     meta.update({"content_key": f"bootstrap-{key}", "base_content_key": meta.get("content_key"),
                  "env_kwargs": env_kwargs, "bootstrap": {
         "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
-        "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "examples": len(rows),
-        "pretrain_steps": pretrain_steps,
+        "steps": len(losses), "max_seconds": cfg.max_seconds, "batch_size": cfg.batch_size, "lr": cfg.lr,
+        "examples": len(rows), "train_seconds": train_s,
+        "pretrain_steps": pretrain_steps, "frozen_circuit": cfg.freeze_circuit if circuit else None,
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "scenario_counts": counts, "final_loss": losses[-1],
         "seconds": time.perf_counter() - t0}})
     (out / "trace_model.json").write_text(json.dumps(meta, indent=2, default=str))
@@ -806,5 +857,5 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} episodes, {turns} turns)",
               pretrain_steps=pretrain_steps)
     if on_checkpoint:
-        on_checkpoint(cfg.steps, model, tokenizer, time.perf_counter() - t0)
+        on_checkpoint(len(losses), model, tokenizer, train_s)
     return BootstrapResult(out, losses, len(rows), turns, truncated, counts, time.perf_counter() - t0)

@@ -5,7 +5,8 @@
                           [--env-kwarg KEY=VALUE ...]
 
 ``build`` trains a tokenizer on the environments' own text, gives it TRL's Qwen3 chat template and
-saves a random-init Qwen3 model (cached by preset and content). ``bootstrap`` is the SFT warm-up on
+saves a Qwen3 model, random-init but for the ``tiny`` preset's hand-set copy circuit (cached by preset
+and content). ``bootstrap`` is the SFT warm-up on
 oracle trajectories; leaving scenario families out gives a base model with known gaps. It writes the
 model, ``loss.json`` and ``loss_curve.png``.
 """
@@ -49,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrain-frac", type=float, default=0.0, metavar="F",
                    help="curriculum: the first F of the steps are LM pre-training on the conversations alone "
                         "(every token, no system prompt; cheaper steps), the rest SFT (default: 0)")
+    p.add_argument("--freeze-circuit", choices=["all", "positional", "none"], default="positional",
+                   help="for a base with a copy circuit (the tiny preset): which of it stays as built during "
+                        "the warm-up (default: positional)")
     p.add_argument("--train-seeds", type=int, default=400, help="oracle episodes collected (default: 400)")
     p.add_argument("--seed-offset", type=int, default=100_000,
                    help="first training seed; evaluation seeds below it are held out (default: 100000)")
@@ -95,7 +99,7 @@ def cmd_bootstrap(args) -> int:
                               batch_size=args.batch_size, lr=args.lr, train_seeds=args.train_seeds,
                               seed_offset=args.seed_offset, max_length=args.max_length,
                               prompt=args.prompt, threads=args.threads, out=args.out,
-                              pretrain_frac=args.pretrain_frac,
+                              pretrain_frac=args.pretrain_frac, freeze_circuit=args.freeze_circuit,
                               env_kwargs=parse_key_values(args.env_kwarg, "--env-kwarg"))
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
