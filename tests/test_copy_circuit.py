@@ -127,6 +127,7 @@ def test_build_model_wires_the_circuit_of_a_preset(tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(built.path)
     assert model.config.rope_parameters["rope_theta"] == 1e28 and not model.config.tie_word_embeddings
     assert copy_accuracy(model, _repeated_random(len(tok), n=2, length=120, seed=3)) >= 0.95
+    assert models.model_metadata(built.path)["copy_accuracy_repeated_random"] >= 0.95  # measured at build time
     # The real preset fits its own circuit.
     tiny = models.PRESETS["tiny"]
     assert tiny.copy_circuit is not None and tiny.hidden_size == tiny.copy_circuit.hidden_size

@@ -47,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .copy_circuit import FREEZE_CHOICES, CopyCircuit, circuit_of, freeze_copy_circuit, install_copy_circuit
+from .copy_circuit import (FREEZE_CHOICES, CopyCircuit, circuit_of, copy_accuracy, freeze_copy_circuit,
+                           install_copy_circuit)
 
 logger = logging.getLogger(__name__)
 
@@ -340,6 +341,11 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     meta = {"content_key": key, "preset": preset, "config": asdict(config), "vocab_size": vocab,
             "parameters": parameters, "corpus_envs": env_ids, "corpus_texts": len(texts), "seed": seed,
             "build_version": BUILD_VERSION, "env_kwargs": {}, "bootstrap": None}
+    if circuit is not None:
+        # A check a user can read off the folder: the untrained model continues repeated random text.
+        gen = torch.Generator().manual_seed(seed + 1)
+        spans = [torch.randint(16, vocab, (200,), generator=gen).tolist() for _ in range(2)]
+        meta["copy_accuracy_repeated_random"] = round(copy_accuracy(model.eval(), [s + s for s in spans]), 3)
     (tmp / "trace_model.json").write_text(json.dumps(meta, indent=2))
     if path.exists():
         shutil.rmtree(path)

@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_build(args) -> int:
     trace_envs = load_registries(args.registry)
-    from trace_train.models import PRESETS, build_model
+    from trace_train.models import PRESETS, build_model, model_metadata
 
     if args.preset not in PRESETS:
         raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
@@ -82,6 +82,9 @@ def cmd_build(args) -> int:
     state = "cached" if result.cached else "built"
     print(f"{state} {result.preset} model: {result.parameters:,} parameters, vocabulary {result.vocab_size}, "
           f"{result.seconds:.1f}s")
+    copy = model_metadata(result.path).get("copy_accuracy_repeated_random")
+    if copy is not None:
+        print(f"copy circuit: continues repeated random text with {copy:.0%} accuracy before any training")
     print(result.path)
     return 0
 
