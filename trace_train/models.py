@@ -801,8 +801,12 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     pretrain_steps = 0
     train_s = 0.0  # time in the optimisation loop, callbacks excluded
     next_checkpoint_s = checkpoint_every_s
-    bar = tqdm(range(cfg.steps), desc=f"bootstrap {cfg.target}", disable=not progress, unit="step")
-    for step in bar:
+    # With a time budget the number of steps is not known ahead: the bar counts steps and shows the
+    # minutes spent of the budget.
+    bar = tqdm(total=None if cfg.max_seconds else cfg.steps, desc=f"bootstrap {cfg.target}", disable=not progress,
+               unit="step")
+    budget = f"/{cfg.max_seconds / 60:.1f}" if cfg.max_seconds else ""
+    for step in range(cfg.steps):
         # Share of the run done: of the time budget when there is one, else of the steps.
         done = train_s / cfg.max_seconds if cfg.max_seconds else step / cfg.steps
         if done >= 1.0:
@@ -825,7 +829,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         optim.step()
         losses.append(float(loss.detach()))
         train_s += time.perf_counter() - t_step
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", train_min=f"{train_s / 60:.1f}")
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", train_min=f"{train_s / 60:.1f}{budget}")
         due = (checkpoint_every and (step + 1) % checkpoint_every == 0) or \
               (checkpoint_every_s and train_s >= next_checkpoint_s)
         last = step + 1 == cfg.steps or (cfg.max_seconds is not None and train_s >= cfg.max_seconds)
