@@ -277,7 +277,7 @@ def test_bootstrap_stops_on_its_time_budget(model_dir, tmp_path):
     steps = len(result.losses)
     assert 2 < steps < 100_000
     meta = model_metadata(result.path)["bootstrap"]
-    assert meta["steps"] == steps and 3.0 <= meta["train_seconds"] < 3.0 + 5.0
+    assert meta["steps"] == steps and 1.5 < meta["train_seconds"] <= 3.0  # never over the budget
     assert 0 < meta["pretrain_steps"] < steps  # the curriculum follows the spent share of the budget
     assert calls[-1][0] == steps  # the final call, after the last step
     mid = [secs for _, secs in calls[:-1]]

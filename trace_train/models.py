@@ -412,8 +412,8 @@ class BootstrapConfig:
             sequences, as the model sees them at inference. 0 disables it. Measured on the airline
             target (bench/bootstrap_curve.py): a lower SFT loss at the same wall time, but the
             ``tiny`` preset still did not copy ids within 40 CPU minutes before it had a copy circuit.
-        max_seconds: a training-time budget (the optimisation loop only): training stops when it
-            is spent, or after ``steps`` (then an upper bound), whichever comes first; the learning-rate
+        max_seconds: a training-time budget (the optimisation loop only): training stops before the
+            step that would overrun it (timed as the step before), or after ``steps`` (then an upper bound), whichever comes first; the learning-rate
             schedule and the pre-training phase follow the share of the budget spent. Robust to a
             machine of unknown or varying speed, where a step count planned from a probe is not.
         freeze_circuit: for a base built with a copy circuit (the ``tiny`` preset), which of its
@@ -799,7 +799,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     losses: list[float] = []
     order: list[int] = []
     pretrain_steps = 0
-    train_s = 0.0  # time in the optimisation loop, callbacks excluded
+    train_s = last_step_s = 0.0  # time in the optimisation loop (callbacks excluded); of the last step
     next_checkpoint_s = checkpoint_every_s
     # With a time budget the number of steps is not known ahead: the bar counts steps and shows the
     # minutes spent of the budget.
@@ -809,8 +809,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     for step in range(cfg.steps):
         # Share of the run done: of the time budget when there is one, else of the steps.
         done = train_s / cfg.max_seconds if cfg.max_seconds else step / cfg.steps
-        if done >= 1.0:
-            break
+        if cfg.max_seconds and step and train_s + last_step_s > cfg.max_seconds:
+            break  # the next step would overrun the budget
         t_step = time.perf_counter()
         batch_idx = []
         for _ in range(cfg.batch_size):
@@ -828,12 +828,13 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         losses.append(float(loss.detach()))
-        train_s += time.perf_counter() - t_step
+        last_step_s = time.perf_counter() - t_step
+        train_s += last_step_s
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", train_min=f"{train_s / 60:.1f}{budget}")
         due = (checkpoint_every and (step + 1) % checkpoint_every == 0) or \
               (checkpoint_every_s and train_s >= next_checkpoint_s)
-        last = step + 1 == cfg.steps or (cfg.max_seconds is not None and train_s >= cfg.max_seconds)
+        last = step + 1 == cfg.steps or bool(cfg.max_seconds and train_s + last_step_s > cfg.max_seconds)
         if on_checkpoint and due and not last:
             next_checkpoint_s += checkpoint_every_s
             model.eval()
