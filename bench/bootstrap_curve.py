@@ -13,9 +13,10 @@ evaluation env draws from those families plus the left-out ones (``--exclude-sce
 ``cancel``), uniformly. Overall success is over that mix; the left-out share is reported apart. The
 env is the real ``trace/tau_airline-v0`` (compact prompt: short policy and tool schemas); pass
 ``--scenarios`` with more families (or ``all``) for a harder curve. The recipe: the ``tiny`` preset
-(built with a hand-set copy circuit, :mod:`trace_train.copy_circuit`, held fixed during the warm-up:
-``--freeze-circuit``), batches of 8, and the curriculum ``--pretrain-frac 0.5`` (LM pre-training on
-the conversations alone, then SFT; see ``BootstrapConfig.pretrain_frac``).
+(built with a hand-set copy circuit, :mod:`trace_train.copy_circuit`, whose positional part is held
+fixed during the warm-up: ``--freeze-circuit``), batches of 8, and the curriculum
+``--pretrain-frac 0.5`` (LM pre-training on the conversations alone, then SFT; see
+``BootstrapConfig.pretrain_frac``).
 
 Reported per checkpoint: training wall time (setup and evaluation pauses excluded), success overall, on the
 scenarios trained on, and on the scenarios left out — which must stay low: the warm-up yields a base

@@ -95,6 +95,7 @@ def test_circuit_survives_save_and_reload(tokenizer, tmp_path):
     ({"hidden_size": 96}, "hidden_size"),
     ({"head_dim": 32}, "head_dim"),
     ({"num_key_value_heads": 1}, "key/value heads"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 4}, "2 query heads"),
     ({"tie_word_embeddings": True}, "untied"),
     ({"rope_theta": 10000.0}, "rope_theta"),
 ])

@@ -38,8 +38,9 @@ copies nothing. Layer 1 head 1 has the same copying value but a learned query/ke
 which token starts a copy (the token after "user id is", after "flight", ...), which induction
 alone cannot find.
 
-The MLPs start with a zero output projection (they add nothing until trained); all weights stay
-trainable.
+The MLPs start with a zero output projection (they add nothing until trained). Every weight is a
+trainable parameter; :func:`circuit_gradient_masks` names the ones a training run may hold fixed (the
+SFT warm-up holds the positional part by default: ``BootstrapConfig.freeze_circuit``).
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ class CopyCircuit:
             problems.append(f"hidden_size must be 4*token_dim + 2 + free_dims = {self.hidden_size}")
         if config.num_hidden_layers < 2:
             problems.append("needs at least 2 layers")
-        if config.num_attention_heads < 2 or config.num_key_value_heads != config.num_attention_heads:
-            problems.append("needs >= 2 heads with as many key/value heads as query heads")
+        if config.num_attention_heads != 2 or config.num_key_value_heads != 2:
+            problems.append("needs 2 query heads and 2 key/value heads per layer")
         if config.head_dim < self.min_head_dim():
             problems.append(f"head_dim must be >= {self.min_head_dim()}")
         if getattr(config, "tie_word_embeddings", False):
@@ -120,8 +121,8 @@ def install_copy_circuit(model: Any, tokenizer: Any, circuit: CopyCircuit, seed:
     """Overwrite ``model``'s embedding, first two layers and LM head with the copy circuit.
 
     ``model`` is a freshly initialised ``Qwen3ForCausalLM`` whose config passes
-    ``circuit.check``; layers beyond the first two keep their initialisation (with a zero MLP
-    output, like these two).
+    ``circuit.check``; layers beyond the first two keep their attention initialisation, and every
+    MLP starts with a zero output projection.
     """
     import torch
 
@@ -134,7 +135,8 @@ def install_copy_circuit(model: Any, tokenizer: Any, circuit: CopyCircuit, seed:
     free = slice(4 * d + 2, circuit.hidden_size)
     theta = config.rope_parameters["rope_theta"]
     inv_freq = [theta ** (-2 * i / hd) for i in range(half)]
-    content = [i for i in range(circuit.content_start_pair, half)] + [i + half for i in range(circuit.content_start_pair, half)]
+    pairs = range(circuit.content_start_pair, half)
+    content = list(pairs) + [i + half for i in pairs]
     q_a, q_b, q_sink = content[:d], content[d:2 * d], content[2 * d]
     # Vectors of norm sqrt(d) in A; the constant matches that norm so neither dominates the RMSNorms.
     kappa = math.sqrt(d)

@@ -413,13 +413,16 @@ class BootstrapConfig:
             target (bench/bootstrap_curve.py): a lower SFT loss at the same wall time, but the
             ``tiny`` preset still did not copy ids within 40 CPU minutes before it had a copy circuit.
         max_seconds: a training-time budget (the optimisation loop only): training stops before the
-            step that would overrun it (timed as the step before), or after ``steps`` (then an upper bound), whichever comes first; the learning-rate
-            schedule and the pre-training phase follow the share of the budget spent. Robust to a
+            step that would overrun it (timed as the step before), or after ``steps`` (then an upper
+            bound), whichever comes first; the learning-rate schedule and the pre-training phase
+            follow the share of the budget spent. Robust to a
             machine of unknown or varying speed, where a step count planned from a probe is not.
         freeze_circuit: for a base built with a copy circuit (the ``tiny`` preset), which of its
             weights stay as built: ``all``, ``positional`` (the induction head trains too) or
             ``none`` (:func:`trace_train.copy_circuit.circuit_gradient_masks`). Everything else
-            trains. With ``none``, SFT slowly erodes the copying it relies on.
+            trains. With ``none``, SFT slowly erodes the copying it relies on; with ``all``, the
+            induction head cannot adapt to start a copy (measured on the airline target: the user id
+            after "My user id is" came out wrong in every replayed episode).
     """
 
     target: str
