@@ -14,9 +14,9 @@ evaluation env draws from those families plus the left-out ones (``--exclude-sce
 env is the real ``trace/tau_airline-v0`` (compact prompt: short policy and tool schemas); pass
 ``--scenarios`` with more families (or ``all``) for a harder curve. The recipe: the ``tiny`` preset
 (built with a hand-set copy circuit, :mod:`trace_train.copy_circuit`, whose positional part is held
-fixed during the warm-up: ``--freeze-circuit``), batches of 8, and the curriculum
-``--pretrain-frac 0.5`` (LM pre-training on the conversations alone, then SFT; see
-``BootstrapConfig.pretrain_frac``).
+fixed during the warm-up: ``--freeze-circuit``), batches of 8, 4000 training episodes
+(``--train-seeds``), and the curriculum ``--pretrain-frac 0.5`` (LM pre-training on the
+conversations alone, then SFT; see ``BootstrapConfig.pretrain_frac``).
 
 Reported per checkpoint: training wall time (setup and evaluation pauses excluded), success overall, on the
 scenarios trained on, and on the scenarios left out — which must stay low: the warm-up yields a base
@@ -74,7 +74,9 @@ def main() -> None:
     parser.add_argument("--budget-min", type=float, default=20.0, help="training wall-time budget in minutes")
     parser.add_argument("--steps", type=int, default=None,
                         help="a fixed number of steps instead of the time budget (evaluated every quarter)")
-    parser.add_argument("--train-seeds", type=int, default=1000, help="oracle episodes to train on (default: 1000)")
+    parser.add_argument("--train-seeds", type=int, default=4000,
+                        help="oracle episodes to train on (default: 4000; with 1000 the ~600 steps of 20 minutes "
+                             "see each episode several times and late checkpoints got worse)")
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--eval-seeds", default="0:40", help="held-out seeds (default: 0:40)")
     parser.add_argument("--batch-size", type=int, default=8)

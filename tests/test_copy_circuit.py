@@ -183,3 +183,56 @@ def test_frozen_circuit_survives_training(tokenizer):
     assert torch.equal(prev[2:], positions[2:] - 1) and torch.equal(prev2[3:], positions[3:] - 2)
     second_half = positions[62:]
     assert torch.equal(heads_before[1].argmax(-1)[62:], second_half - 60 + 1)
+
+
+def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
+    """While the previous-token layer is held, its attention stays within a few positions, so the SFT fast
+    path runs it with banded attention: the same loss, and the same gradients for every weight that trains."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from trace_train.copy_circuit import CopyCircuit, circuit_gradient_masks, install_copy_circuit
+    from trace_train.models import LOCAL_WINDOW, _banded_window, local_attention_mass, sft_loss
+
+    circuit = CopyCircuit(**CIRCUIT_KW)
+    torch.manual_seed(0)
+    plain = Qwen3ForCausalLM(_config(tokenizer, circuit))
+    wired = Qwen3ForCausalLM(_config(tokenizer, circuit))
+    install_copy_circuit(wired, tokenizer, circuit)
+    # Rows sharing a 300-token prefix, then 60-90 tokens of their own, targets on their last 25 tokens.
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(16, len(tokenizer), (300,), generator=gen).tolist()
+    rows = []
+    for length in (60, 75, 90):
+        tail = torch.randint(16, len(tokenizer), (length,), generator=gen).tolist()
+        ids = prefix + tail
+        rows.append((ids, [-100] * (len(ids) - 25) + ids[-25:]))
+    assert local_attention_mass(wired, rows[0][0], LOCAL_WINDOW) > 1 - 1e-4
+    assert local_attention_mass(plain, rows[0][0], LOCAL_WINDOW) < 0.5
+    assert _banded_window(wired, circuit, "positional", rows) == LOCAL_WINDOW
+    assert _banded_window(wired, circuit, "none", rows) is None  # the layer trains: it may stop being local
+    assert _banded_window(plain, None, "positional", rows) is None
+
+    trains = {name: mask for name, mask in circuit_gradient_masks(wired, circuit, "positional").items()}
+    from trace_train import models
+
+    banded_calls = []
+    real_layer = models._local_decoder_layer
+    monkeypatch.setattr(models, "_local_decoder_layer", lambda *a, **k: banded_calls.append(1) or real_layer(*a, **k))
+    for prefix_len, every_token in ((300, False), (0, False), (0, True)):
+        results = []
+        for window in (None, LOCAL_WINDOW):
+            wired.zero_grad()
+            loss = sft_loss(wired, rows, tokenizer.pad_token_id, prefix_len, targets_only=window is not None,
+                            local_window=window, every_token=every_token)
+            loss.backward()
+            results.append((float(loss), {n: p.grad.clone() for n, p in wired.named_parameters()}))
+        (full, full_grads), (banded, banded_grads) = results
+        assert banded_calls, "the banded path did not run"
+        banded_calls.clear()
+        assert banded == pytest.approx(full, rel=1e-5)
+        for name, grad in full_grads.items():
+            held = trains.get(name)
+            a, b = (grad, banded_grads[name]) if held is None else (grad * held, banded_grads[name] * held)
+            # Relative to the weight's largest gradient (the induction head's sharp softmax amplifies rounding).
+            assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max()) + 1e-7, name

@@ -193,6 +193,35 @@ def test_shared_prefix_loss_is_exact(model_dir):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
 
 
+def test_last_layer_at_targets_only_is_exact(model_dir):
+    """The SFT fast path runs the last decoder layer only where a target is predicted (its keys and values
+    everywhere): same loss and gradients as the full forward, with and without the shared prefix; with
+    grouped-query attention (the nano preset has 4 heads over 2 key/value heads)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_envs import OracleAgent, rollout
+    from trace_train.models import _targets_only_supported, sft_loss, sft_rows, shared_prefix_length
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows, _, _ = sft_rows(tok, [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (3, 4, 7)], max_length=4096)
+    n = shared_prefix_length(rows)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    assert _targets_only_supported(model)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads
+    for prefix in (0, n):
+        results = []
+        for targets_only in (False, True):
+            model.zero_grad()
+            loss = sft_loss(model, rows, tok.pad_token_id, prefix, targets_only=targets_only)
+            loss.backward()
+            results.append((float(loss), [p.grad.clone() for p in model.parameters()]))
+        (full, full_grads), (fast, fast_grads) = results
+        assert fast == pytest.approx(full, rel=1e-5)
+        for a, b in zip(full_grads, fast_grads):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-3)
+
+
 def test_pretraining_loss_is_the_conversation_alone_on_every_token(model_dir):
     """The curriculum's pre-training steps: without the shared prompt, every token a target. The loss equals
     the plain LM loss of the conversations cut after that prompt, and differs from the SFT loss."""
@@ -321,3 +350,9 @@ def test_cli_model_build(tmp_path, capsys):
     assert main(["model", "bootstrap", "--target", EXAMPLE, "--base", str(tmp_path / "m"), "--steps", "1",
                  "--env-kwarg", "no_such_kwarg=1", "--no-progress"]) == 2
     assert "--env-kwarg" in capsys.readouterr().err
+    # --minutes: a time budget instead of a step count.
+    assert main(["model", "bootstrap", "--target", EXAMPLE, "--base", str(tmp_path / "m"), "--minutes", "0.02",
+                 "--train-seeds", "2", "--out", str(tmp_path / "timed"), "--no-progress"]) == 0
+    meta = json.loads((tmp_path / "timed" / "trace_model.json").read_text())["bootstrap"]
+    assert meta["max_seconds"] == pytest.approx(1.2)
+    assert meta["steps"] >= 1 and meta["train_seconds"] <= 1.2

@@ -16,9 +16,11 @@ builds locally, with no hub access:
 * :func:`bootstrap_model` is the SFT warm-up: it plays the target env's oracle
   on training seeds, turns every assistant turn into a (prompt, completion)
   pair rendered with the chat template exactly as :class:`~trace_train.agents.HFAgent`
-  renders it at inference time, and trains on the completion tokens (the LM head
-  runs only where a target token is predicted, and the prompt prefix every episode
-  shares — policy and tool schemas — is encoded once per batch, with exact gradients). Scenario
+  renders it at inference time, and trains on the completion tokens (the last
+  decoder layer and the LM head run only where a target token is predicted, the
+  prompt prefix every episode shares — policy and tool schemas — is encoded once
+  per batch, and the copy circuit's held previous-token layer runs with banded
+  attention; all with the full forward's loss and gradients, see :func:`sft_loss`). Scenario
   families named in ``exclude_scenarios`` are left out, which produces a base
   model with real, known gaps. It saves the model, ``loss.json`` and a
   ``loss_curve.png``.
@@ -665,6 +667,16 @@ def _rotate(x, cos, sin):
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
+def _project(attn, x, which: str, cos=None, sin=None):
+    """Qwen3 attention ``attn``'s ``which`` projection ("q", "k" or "v") of ``x`` [B, T, H], as
+    [B, heads, T, head_dim]: queries and keys with their per-head norm and RoPE (``cos``/``sin``)."""
+    b, t, _ = x.shape
+    out = getattr(attn, f"{which}_proj")(x).view(b, t, -1, attn.head_dim)
+    if which == "v":
+        return out.transpose(1, 2)
+    return _rotate(getattr(attn, f"{which}_norm")(out).transpose(1, 2), cos, sin)
+
+
 def _targets_only_supported(model) -> bool:
     """Whether :func:`_last_layer_at_targets` can run ``model``: a plain Qwen3 decoder of two layers or more
     (per-head q/k norms, RoPE, full attention in the last layer), not wrapped (PEFT), no attention dropout."""
@@ -705,11 +717,8 @@ def _last_layer_kv(model, hidden, positions):
     layer = model.model.layers[-1]
     attn = layer.self_attn
     x = layer.input_layernorm(hidden)
-    b, t, _ = x.shape
     cos, sin = model.model.rotary_emb(x, positions)
-    keys = attn.k_norm(attn.k_proj(x).view(b, t, -1, attn.head_dim)).transpose(1, 2)
-    values = attn.v_proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2)
-    return _rotate(keys, cos, sin), values
+    return _project(attn, x, "k", cos, sin), _project(attn, x, "v")
 
 
 def _local_decoder_layer(model, layer, hidden, start: int, before, window: int):
@@ -728,10 +737,7 @@ def _local_decoder_layer(model, layer, hidden, start: int, before, window: int):
     x = layer.input_layernorm(hidden)
     b, t, _ = x.shape
     cos, sin = model.model.rotary_emb(x, torch.arange(start, start + t, device=x.device).unsqueeze(0))
-    shape = (b, t, -1, attn.head_dim)
-    queries = _rotate(attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2), cos, sin)
-    keys = _rotate(attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2), cos, sin)
-    values = attn.v_proj(x).view(shape).transpose(1, 2)
+    queries, keys, values = (_project(attn, x, which, cos, sin) for which in "qkv")
     need = window - 1
     n_before = 0
     parts_k, parts_v = [keys], [values]
@@ -789,9 +795,7 @@ def local_attention_mass(model, ids: Sequence[int], window: int) -> float:
             attn = layer.self_attn
             h = layer.input_layernorm(states[i])
             cos, sin = model.model.rotary_emb(h, torch.arange(t, device=x.device).unsqueeze(0))
-            shape = (1, t, -1, attn.head_dim)
-            q = _rotate(attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2), cos, sin)
-            k = _rotate(attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2), cos, sin)
+            q, k = _project(attn, h, "q", cos, sin), _project(attn, h, "k", cos, sin)
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             probs = (q @ k.transpose(-1, -2) * attn.scaling).masked_fill(~causal, float("-inf")).softmax(-1)
             worst = min(worst, float((probs * band).sum(-1).min()))
@@ -824,7 +828,7 @@ def _last_layer_at_targets(model, hidden, query_pos, prefix_kv, prefix_len: int)
     x_q = layer.input_layernorm(h_q)
     q_len = query_pos.shape[1]
     cos, sin = model.model.rotary_emb(x_q, query_pos + prefix_len)
-    queries = _rotate(attn.q_norm(attn.q_proj(x_q).view(b, q_len, -1, attn.head_dim)).transpose(1, 2), cos, sin)
+    queries = _project(attn, x_q, "q", cos, sin)
     groups = queries.shape[1] // keys.shape[1]
     if groups > 1:
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)

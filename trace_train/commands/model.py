@@ -44,7 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="tiny", help="size preset when --base is not given (default: tiny)")
     p.add_argument("--exclude-scenarios", nargs="*", default=[], metavar="S",
                    help="scenario families (task_spec()['scenario']) left out of the warm-up")
-    p.add_argument("--steps", type=int, default=300, help="optimiser steps (default: 300)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimiser steps (default: 300; with --minutes, a cap on the steps)")
+    p.add_argument("--minutes", type=float, default=None, metavar="M",
+                   help="train for M minutes of optimisation instead of a step count (a time budget: the LR "
+                        "schedule and --pretrain-frac follow the share of it spent)")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per step (default: 8)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
     p.add_argument("--pretrain-frac", type=float, default=0.0, metavar="F",
@@ -98,7 +102,9 @@ def cmd_bootstrap(args) -> int:
         raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     try:
         cfg = BootstrapConfig(target=args.target, base=args.base, preset=args.preset,
-                              exclude_scenarios=tuple(args.exclude_scenarios), steps=args.steps,
+                              exclude_scenarios=tuple(args.exclude_scenarios),
+                              steps=args.steps or (1_000_000 if args.minutes else 300),
+                              max_seconds=args.minutes * 60 if args.minutes else None,
                               batch_size=args.batch_size, lr=args.lr, train_seeds=args.train_seeds,
                               seed_offset=args.seed_offset, max_length=args.max_length,
                               prompt=args.prompt, threads=args.threads, out=args.out,
