@@ -881,18 +881,20 @@ def sft_loss(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, p
     prefix_kv = prefix_tails = None
     if prefix_len > 0:
         prefix = torch.tensor([batch[0][0][:prefix_len]], dtype=torch.long, device=device)
-        shared = DynamicCache()
-        if sparse and local_window:
+        if sparse and local_window:  # the rows need only the tail of the prefix below the last layer
             hidden, prefix_tails = _local_stack(model, prefix, 0, None, local_window)
-            prefix_kv = _last_layer_kv(model, hidden, torch.arange(prefix_len, device=device).unsqueeze(0))
-        elif sparse:
-            hidden = _hidden_before_last_layer(model, input_ids=prefix, use_cache=True, **{cache_kw: shared})
-            prefix_kv = _last_layer_kv(model, hidden, torch.arange(prefix_len, device=device).unsqueeze(0))
         else:
-            model.model(input_ids=prefix, use_cache=True, **{cache_kw: shared})
-        cache = DynamicCache() if not (sparse and local_window) else None
-        for i, layer in enumerate(shared.layers if cache is not None else ()):
-            cache.update(layer.keys.expand(len(batch), -1, -1, -1), layer.values.expand(len(batch), -1, -1, -1), i)
+            shared = DynamicCache()
+            if sparse:
+                hidden = _hidden_before_last_layer(model, input_ids=prefix, use_cache=True, **{cache_kw: shared})
+            else:
+                model.model(input_ids=prefix, use_cache=True, **{cache_kw: shared})
+            cache = DynamicCache()
+            for i, layer in enumerate(shared.layers):
+                cache.update(layer.keys.expand(len(batch), -1, -1, -1), layer.values.expand(len(batch), -1, -1, -1),
+                             i)
+        if sparse:
+            prefix_kv = _last_layer_kv(model, hidden, torch.arange(prefix_len, device=device).unsqueeze(0))
     rows = [(ids[prefix_len:], labels[prefix_len:]) for ids, labels in batch]
     width = max(len(ids) for ids, _ in rows)
     ids_t = torch.full((len(rows), width), pad_id, dtype=torch.long)
