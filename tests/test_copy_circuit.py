@@ -192,6 +192,7 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
     from transformers import Qwen3ForCausalLM
 
     from trace_train.copy_circuit import CopyCircuit, circuit_gradient_masks, install_copy_circuit
+    from trace_train import models
     from trace_train.models import LOCAL_WINDOW, _banded_window, local_attention_mass, sft_loss
 
     circuit = CopyCircuit(**CIRCUIT_KW)
@@ -213,9 +214,7 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
     assert _banded_window(wired, circuit, "none", rows) is None  # the layer trains: it may stop being local
     assert _banded_window(plain, None, "positional", rows) is None
 
-    trains = {name: mask for name, mask in circuit_gradient_masks(wired, circuit, "positional").items()}
-    from trace_train import models
-
+    held_masks = circuit_gradient_masks(wired, circuit, "positional")  # 0 where a weight is held fixed
     banded_calls = []
     real_layer = models._local_decoder_layer
     monkeypatch.setattr(models, "_local_decoder_layer", lambda *a, **k: banded_calls.append(1) or real_layer(*a, **k))
@@ -232,7 +231,7 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
         banded_calls.clear()
         assert banded == pytest.approx(full, rel=1e-5)
         for name, grad in full_grads.items():
-            held = trains.get(name)
+            held = held_masks.get(name)
             a, b = (grad, banded_grads[name]) if held is None else (grad * held, banded_grads[name] * held)
             # Relative to the weight's largest gradient (the induction head's sharp softmax amplifies rounding).
             assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max()) + 1e-7, name

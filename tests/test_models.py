@@ -356,3 +356,7 @@ def test_cli_model_build(tmp_path, capsys):
     meta = json.loads((tmp_path / "timed" / "trace_model.json").read_text())["bootstrap"]
     assert meta["max_seconds"] == pytest.approx(1.2)
     assert meta["steps"] >= 1 and meta["train_seconds"] <= 1.2
+    for bad in (["--minutes", "0"], ["--steps", "0"]):  # a clear error, not a silent default
+        assert main(["model", "bootstrap", "--target", EXAMPLE, "--base", str(tmp_path / "m"), *bad,
+                     "--no-progress"]) == 2
+        assert ("max_seconds" if bad[0] == "--minutes" else "steps") in capsys.readouterr().err

@@ -103,8 +103,9 @@ def cmd_bootstrap(args) -> int:
     try:
         cfg = BootstrapConfig(target=args.target, base=args.base, preset=args.preset,
                               exclude_scenarios=tuple(args.exclude_scenarios),
-                              steps=args.steps or (1_000_000 if args.minutes else 300),
-                              max_seconds=args.minutes * 60 if args.minutes else None,
+                              steps=args.steps if args.steps is not None else
+                              (1_000_000 if args.minutes is not None else 300),
+                              max_seconds=args.minutes * 60 if args.minutes is not None else None,
                               batch_size=args.batch_size, lr=args.lr, train_seeds=args.train_seeds,
                               seed_offset=args.seed_offset, max_length=args.max_length,
                               prompt=args.prompt, threads=args.threads, out=args.out,
