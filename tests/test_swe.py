@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -311,6 +312,48 @@ def test_local_sandbox(minicalc):
         record = rollout(env, make_agent("oracle"), 0)
     assert record["reward"] == 1.0
     env.close()
+
+
+def test_read_tools_agree_between_the_sandbox_and_memory(minicalc):
+    """swe_localization serves the tree from memory with the target's read tools: same schemas, same output
+    as swe_repo reading it in a sandbox (the tests/ files, which no bug touches), same errors for bad paths."""
+    from trace_envs.capabilities.swe_localization import SweLocalizationEnv
+    from trace_envs.core import ToolError
+    from trace_envs.core.tools import tool_specs
+    from trace_envs.swe.envs import SweRepoEnv
+
+    read = ("list_files", "view_file", "search")
+    assert [tool_specs(SweRepoEnv)[n].openai_schema for n in read] == \
+           [tool_specs(SweLocalizationEnv)[n].openai_schema for n in read]
+    with warnings.catch_warnings():  # the local sandbox's "no isolation" warning (test_local_sandbox checks it)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        repo = gym.make("trace/swe_repo-v0", sandbox="local", **MINICALC_KW).unwrapped
+        repo.reset(seed=0)
+        memory = gym.make("trace/swe_localization-v0", **MINICALC_KW).unwrapped
+        memory.reset(seed=0)
+        calls = [("list_files", {"path": "tests"}), ("list_files", {"path": "."}),
+                 ("view_file", {"path": "tests/test_core.py"}),
+                 ("view_file", {"path": "/testbed/tests/test_shapes.py", "start_line": 3, "end_line": 6}),
+                 ("view_file", {"path": "tests/test_core.py", "start_line": 999}),
+                 ("search", {"pattern": "def test_[a-z]+", "path": "tests"}),
+                 ("search", {"pattern": "no_such_name_anywhere", "path": "tests"})]
+        for name, args in calls:
+            got = getattr(repo, name)(**args)
+            assert got == getattr(memory, name)(**args), (name, args)
+            assert got.strip(), (name, args)
+        assert "test_core.py:" in memory.search("def test_", "tests")
+        assert memory.search("no_such_name_anywhere", "tests") == "(no matches)"
+        for env in (repo, memory):
+            with pytest.raises(ToolError, match="outside the repository"):
+                env.view_file("../etc/passwd")
+            with pytest.raises(ToolError, match="invalid regular expression"):
+                env.search("def (", "tests")
+            with pytest.raises(ToolError, match="no such directory: nope"):
+                env.list_files("nope")
+            with pytest.raises(ToolError):
+                env.view_file("tests/nope.py")
+    repo.close()
+    memory.close()
 
 
 def test_cli_cleanup_removes_containers_of_dead_owners(minicalc):

@@ -8,17 +8,17 @@ navigating a repository to the faulty function — from editing and testing.
 
 from __future__ import annotations
 
-import posixpath
 import re
 
 from trace_envs.core import ToolError, TraceEnv, tool
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.swe.envs import bugged_files, load_repo, resolve_repos
 from trace_envs.swe.mutations import FUNCTION_LEVEL
+from trace_envs.swe.read_tools import RepoReadTools
 from trace_envs.swe.tasks import load_instances
 
 
-class SweLocalizationEnv(TraceEnv):
+class SweLocalizationEnv(RepoReadTools, TraceEnv):
     """Name the file and function where an injected bug lives.
 
     ## Description
@@ -108,23 +108,16 @@ class SweLocalizationEnv(TraceEnv):
                 out.append(".".join([n for _, n in classes] + [m.group(3)]))
         return out
 
-    # ------------------------------------------------------------------ tools (read-only, same schemas)
-    def _path(self, path: str) -> str:
-        norm = posixpath.normpath(path.strip() or ".")
-        if norm.startswith("/testbed"):
-            norm = posixpath.relpath(norm, "/testbed")
-        if norm.startswith("/") or norm.startswith(".."):
-            raise ToolError(f"path {path!r} is outside the repository; use paths relative to /testbed")
-        return norm
-
-    @tool
-    def list_files(self, path: str = ".") -> str:
-        """List files and directories under a path of the repository (two levels deep).
-
-        Args:
-            path: a directory relative to the repository root.
-        """
+    # ------------------------------------------------------------------ tools
+    # list_files / view_file / search (the target's schemas) come from RepoReadTools; these hooks
+    # serve the bugged tree from memory.
+    def _read(self, path: str) -> str:
         rel = self._path(path)
+        if rel not in self.files:
+            raise ToolError(f"no such file: {rel}")
+        return self.files[rel]
+
+    def _list(self, rel: str) -> str:
         prefix = "" if rel == "." else rel + "/"
         entries = set()
         for f in self.files:
@@ -136,35 +129,8 @@ class SweLocalizationEnv(TraceEnv):
             raise ToolError(f"no such directory: {rel}")
         return "\n".join(sorted(entries))
 
-    @tool
-    def view_file(self, path: str, start_line: int = 1, end_line: int = 0) -> str:
-        """Show a file with line numbers.
-
-        Args:
-            path: the file, relative to the repository root.
-            start_line: first line to show (1-based).
-            end_line: last line to show; 0 means the end of the file.
-        """
-        rel = self._path(path)
-        if rel not in self.files:
-            raise ToolError(f"no such file: {rel}")
-        lines = self.files[rel].splitlines()
-        end = len(lines) if end_line <= 0 else min(end_line, len(lines))
-        return "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(max(1, start_line), end + 1)) or "(no lines)"
-
-    @tool
-    def search(self, pattern: str, path: str = ".") -> str:
-        """Search Python files for a regular expression (grep -E); prints file:line:text.
-
-        Args:
-            pattern: an extended regular expression.
-            path: a file or directory to search, relative to the repository root.
-        """
-        rel = self._path(path)
-        try:
-            rx = re.compile(pattern)
-        except re.error as exc:
-            raise ToolError(f"invalid regular expression: {exc}") from exc
+    def _grep(self, pattern: str, rel: str, limit: int) -> str:
+        rx = re.compile(pattern)
         hits = []
         for f in sorted(self.files):
             if not f.endswith(".py") or not (rel == "." or f == rel or f.startswith(rel + "/")):
@@ -172,9 +138,9 @@ class SweLocalizationEnv(TraceEnv):
             for i, line in enumerate(self.files[f].splitlines(), 1):
                 if rx.search(line):
                     hits.append(f"{f}:{i}:{line}")
-                    if len(hits) >= 200:
+                    if len(hits) >= limit:
                         return "\n".join(hits)
-        return "\n".join(hits) or "(no matches)"
+        return "\n".join(hits)
 
     @tool(write=True)
     def submit_location(self, file: str, function: str) -> str:

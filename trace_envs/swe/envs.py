@@ -7,13 +7,13 @@ the sandbox from :mod:`trace_envs.swe.sandbox`.
 from __future__ import annotations
 
 import logging
-import posixpath
 import shlex
 from pathlib import Path
 
 from trace_envs.core import ToolError, TraceEnv, tool
 from trace_envs.core.conversation import hermes_tool_call
 
+from .read_tools import RepoReadTools
 from .repos import DEFAULT_REPOS, Repo, get_repo_spec, materialize
 from .tasks import (apply_patch, evaluate_in_sandbox, load_instances, prepare_sandbox, replacements, run_tests,
                     stage_clean_tree)
@@ -54,7 +54,7 @@ def _staged_sandbox(image: str):
     return box
 
 
-class SweRepoEnv(TraceEnv):
+class SweRepoEnv(RepoReadTools, TraceEnv):
     """Fix a validated bug in a real Python repository.
 
     ## Description
@@ -225,15 +225,7 @@ class SweRepoEnv(TraceEnv):
                 "sandbox": repr(self._box) if self._box else None}
 
     # ------------------------------------------------------------------ tools
-    @staticmethod
-    def _path(path: str) -> str:
-        norm = posixpath.normpath(path.strip() or ".")
-        if norm.startswith("/testbed"):
-            norm = posixpath.relpath(norm, "/testbed")
-        if norm.startswith("/") or norm == ".." or norm.startswith("../"):
-            raise ToolError(f"path {path!r} is outside the repository; use paths relative to /testbed")
-        return norm
-
+    # list_files / view_file / search come from RepoReadTools; these hooks read the sandbox.
     def _read(self, path: str) -> str:
         rel = self._path(path)
         res = self._sh(f"cat -- {shlex.quote(rel)}", max_output=5_000_000)
@@ -241,44 +233,19 @@ class SweRepoEnv(TraceEnv):
             raise ToolError(f"cannot read {rel}: {res.output.strip()[:200]}")
         return res.output
 
-    @tool
-    def list_files(self, path: str = ".") -> str:
-        """List files and directories under a path of the repository (two levels deep).
-
-        Args:
-            path: a directory relative to the repository root.
-        """
-        rel = self._path(path)
-        res = self._sh(f"find {shlex.quote(rel)} -maxdepth 2 -not -path '*/.git*' -not -name '__pycache__' | sort")
+    def _list(self, rel: str) -> str:
+        if self._sh(f"test -d {shlex.quote(rel)}").exit_code != 0:
+            raise ToolError(f"no such directory: {rel}")
+        # Paths relative to the root, without find's "./" (as the other tools take them).
+        res = self._sh(f"find {shlex.quote(rel)} -mindepth 1 -maxdepth 2 -not -path '*/.git*' "
+                       f"-not -path '*__pycache__*' | sed 's|^\\./||' | sort")
         if res.exit_code != 0:
             raise ToolError(f"cannot list {rel}: {res.output.strip()[:200]}")
         return res.output
 
-    @tool
-    def view_file(self, path: str, start_line: int = 1, end_line: int = 0) -> str:
-        """Show a file with line numbers.
-
-        Args:
-            path: the file, relative to the repository root.
-            start_line: first line to show (1-based).
-            end_line: last line to show; 0 means the end of the file.
-        """
-        lines = self._read(path).splitlines()
-        end = len(lines) if end_line <= 0 else min(end_line, len(lines))
-        start = max(1, start_line)
-        return "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(start, end + 1)) or "(no lines in that range)"
-
-    @tool
-    def search(self, pattern: str, path: str = ".") -> str:
-        """Search Python files for a regular expression (grep -E); prints file:line:text.
-
-        Args:
-            pattern: an extended regular expression.
-            path: a file or directory to search, relative to the repository root.
-        """
-        rel = self._path(path)
-        res = self._sh(f"grep -rnE --include='*.py' -e {shlex.quote(pattern)} -- {shlex.quote(rel)} | head -200")
-        return res.output or "(no matches)"
+    def _grep(self, pattern: str, rel: str, limit: int) -> str:
+        res = self._sh(f"grep -rnE --include='*.py' -e {shlex.quote(pattern)} -- {shlex.quote(rel)} | head -{limit}")
+        return res.output
 
     @tool(write=True)
     def replace_in_file(self, path: str, old: str, new: str) -> str:
