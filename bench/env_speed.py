@@ -35,7 +35,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path

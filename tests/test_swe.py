@@ -6,7 +6,6 @@ tests/fixtures/minicalc for speed, plus one shipped instance per default library
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from pathlib import Path

@@ -374,7 +374,6 @@ class HFAgent:
 
     def _batch_cache(self, ids: list[list[int]], width: int):
         """A batched cache of the first ``C`` padded columns, built from the stored conversations; (cache, C)."""
-        import torch
         from transformers import DynamicCache
 
         pads = [width - len(seq) for seq in ids]

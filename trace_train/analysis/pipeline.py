@@ -22,7 +22,7 @@ from typing import Any, Callable
 from .llm import LLMAnalyst, LLMConfig
 from .offline import BUILTIN_CAPABILITIES, LACKING, NA, PRESENT, CapabilityDef, OfflineLabeler, Verdict
 from .stats import CapabilityScore, Thresholds, contrastive_scores
-from .transcript import condense, trajectory_id
+from .transcript import trajectory_id
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
