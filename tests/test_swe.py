@@ -315,7 +315,8 @@ def test_local_sandbox(minicalc):
 
 def test_read_tools_agree_between_the_sandbox_and_memory(minicalc):
     """swe_localization serves the tree from memory with the target's read tools: same schemas, same output
-    as swe_repo reading it in a sandbox (the tests/ files, which no bug touches), same errors for bad paths."""
+    as swe_repo reading it in its sandboxes, Docker and local (the tests/ files, which no bug touches), same
+    errors for bad paths."""
     from trace_envs.capabilities.swe_localization import SweLocalizationEnv
     from trace_envs.core import ToolError
     from trace_envs.core.tools import tool_specs
@@ -326,8 +327,10 @@ def test_read_tools_agree_between_the_sandbox_and_memory(minicalc):
            [tool_specs(SweLocalizationEnv)[n].openai_schema for n in read]
     with warnings.catch_warnings():  # the local sandbox's "no isolation" warning (test_local_sandbox checks it)
         warnings.simplefilter("ignore", RuntimeWarning)
-        repo = gym.make("trace/swe_repo-v0", sandbox="local", **MINICALC_KW).unwrapped
-        repo.reset(seed=0)
+        local = gym.make("trace/swe_repo-v0", sandbox="local", **MINICALC_KW).unwrapped
+        local.reset(seed=0)
+        docker = gym.make("trace/swe_repo-v0", **MINICALC_KW).unwrapped
+        docker.reset(seed=0)
         memory = gym.make("trace/swe_localization-v0", **MINICALC_KW).unwrapped
         memory.reset(seed=0)
         calls = [("list_files", {"path": "tests"}), ("list_files", {"path": "."}),
@@ -337,12 +340,13 @@ def test_read_tools_agree_between_the_sandbox_and_memory(minicalc):
                  ("search", {"pattern": "def test_[a-z]+", "path": "tests"}),
                  ("search", {"pattern": "no_such_name_anywhere", "path": "tests"})]
         for name, args in calls:
-            got = getattr(repo, name)(**args)
-            assert got == getattr(memory, name)(**args), (name, args)
+            got = getattr(memory, name)(**args)
             assert got.strip(), (name, args)
+            for repo in (local, docker):
+                assert getattr(repo, name)(**args) == got, (repo.sandbox_kind, name, args)
         assert "test_core.py:" in memory.search("def test_", "tests")
         assert memory.search("no_such_name_anywhere", "tests") == "(no matches)"
-        for env in (repo, memory):
+        for env in (local, docker, memory):
             with pytest.raises(ToolError, match="outside the repository"):
                 env.view_file("../etc/passwd")
             with pytest.raises(ToolError, match="invalid regular expression"):
@@ -351,8 +355,8 @@ def test_read_tools_agree_between_the_sandbox_and_memory(minicalc):
                 env.list_files("nope")
             with pytest.raises(ToolError):
                 env.view_file("tests/nope.py")
-    repo.close()
-    memory.close()
+    for env in (local, docker, memory):
+        env.close()
 
 
 def test_cli_cleanup_removes_containers_of_dead_owners(minicalc):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-
 from ..domains.db import Layer
 from ..domains.task import CannotBuild, Call, Request, TauTask
 from .base import CapabilityEnv

@@ -234,11 +234,12 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
         return res.output
 
     def _list(self, rel: str) -> str:
-        if self._sh(f"test -d {shlex.quote(rel)}").exit_code != 0:
+        # Paths relative to the root, without find's "./" (as the other tools take them). Without the
+        # test, a missing directory would "list" as find's error message (the pipeline ends in sort: exit 0).
+        res = self._sh(f"test -d {shlex.quote(rel)} || exit 3; find {shlex.quote(rel)} -mindepth 1 -maxdepth 2 "
+                       f"-not -path '*/.git*' -not -path '*__pycache__*' | sed 's|^\\./||' | sort")
+        if res.exit_code == 3:
             raise ToolError(f"no such directory: {rel}")
-        # Paths relative to the root, without find's "./" (as the other tools take them).
-        res = self._sh(f"find {shlex.quote(rel)} -mindepth 1 -maxdepth 2 -not -path '*/.git*' "
-                       f"-not -path '*__pycache__*' | sed 's|^\\./||' | sort")
         if res.exit_code != 0:
             raise ToolError(f"cannot list {rel}: {res.output.strip()[:200]}")
         return res.output
