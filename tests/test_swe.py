@@ -333,30 +333,32 @@ def test_read_tools_agree_between_the_sandbox_and_memory(minicalc):
         docker.reset(seed=0)
         memory = gym.make("trace/swe_localization-v0", **MINICALC_KW).unwrapped
         memory.reset(seed=0)
-        calls = [("list_files", {"path": "tests"}), ("list_files", {"path": "."}),
-                 ("view_file", {"path": "tests/test_core.py"}),
-                 ("view_file", {"path": "/testbed/tests/test_shapes.py", "start_line": 3, "end_line": 6}),
-                 ("view_file", {"path": "tests/test_core.py", "start_line": 999}),
-                 ("search", {"pattern": "def test_[a-z]+", "path": "tests"}),
-                 ("search", {"pattern": "no_such_name_anywhere", "path": "tests"})]
-        for name, args in calls:
-            got = getattr(memory, name)(**args)
-            assert got.strip(), (name, args)
-            for repo in (local, docker):
-                assert getattr(repo, name)(**args) == got, (repo.sandbox_kind, name, args)
-        assert "test_core.py:" in memory.search("def test_", "tests")
-        assert memory.search("no_such_name_anywhere", "tests") == "(no matches)"
-        for env in (local, docker, memory):
-            with pytest.raises(ToolError, match="outside the repository"):
-                env.view_file("../etc/passwd")
-            with pytest.raises(ToolError, match="invalid regular expression"):
-                env.search("def (", "tests")
-            with pytest.raises(ToolError, match="no such directory: nope"):
-                env.list_files("nope")
-            with pytest.raises(ToolError):
-                env.view_file("tests/nope.py")
-    for env in (local, docker, memory):
-        env.close()
+        try:
+            calls = [("list_files", {"path": "tests"}), ("list_files", {"path": "."}),
+                     ("view_file", {"path": "tests/test_core.py"}),
+                     ("view_file", {"path": "/testbed/tests/test_shapes.py", "start_line": 3, "end_line": 6}),
+                     ("view_file", {"path": "tests/test_core.py", "start_line": 999}),
+                     ("search", {"pattern": "def test_[a-z]+", "path": "tests"}),
+                     ("search", {"pattern": "no_such_name_anywhere", "path": "tests"})]
+            for name, args in calls:
+                got = getattr(memory, name)(**args)
+                assert got.strip(), (name, args)
+                for repo in (local, docker):
+                    assert getattr(repo, name)(**args) == got, (repo.sandbox_kind, name, args)
+            assert "test_core.py:" in memory.search("def test_", "tests")
+            assert memory.search("no_such_name_anywhere", "tests") == "(no matches)"
+            for env in (local, docker, memory):
+                with pytest.raises(ToolError, match="outside the repository"):
+                    env.view_file("../etc/passwd")
+                with pytest.raises(ToolError, match="invalid regular expression"):
+                    env.search("def (", "tests")
+                with pytest.raises(ToolError, match="no such directory: nope"):
+                    env.list_files("nope")
+                with pytest.raises(ToolError):
+                    env.view_file("tests/nope.py")
+        finally:  # no container left behind if an assertion fails
+            for env in (local, docker, memory):
+                env.close()
 
 
 def test_cli_cleanup_removes_containers_of_dead_owners(minicalc):
