@@ -45,6 +45,7 @@ import math
 import os
 import shutil
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -415,7 +416,7 @@ class BootstrapConfig:
             target (bench/bootstrap_curve.py): a lower SFT loss at the same wall time, but the
             ``tiny`` preset still did not copy ids within 40 CPU minutes before it had a copy circuit.
         max_seconds: a training-time budget (the optimisation loop only): training stops before the
-            step that would overrun it (timed as the step before), or after ``steps`` (then an upper
+            step that would overrun it (timed as the slowest of the last 8), or after ``steps`` (then an upper
             bound), whichever comes first; the learning-rate schedule and the pre-training phase
             follow the share of the budget spent. Robust to a
             machine of unknown or varying speed, where a step count planned from a probe is not.
@@ -1048,7 +1049,13 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     losses: list[float] = []
     order: list[int] = []
     pretrain_steps = 0
-    train_s = last_step_s = 0.0  # time in the optimisation loop (callbacks excluded); of the last step
+    train_s = 0.0  # time in the optimisation loop (callbacks excluded)
+    # The next step is predicted to take as long as the slowest recent one: step times vary by a few percent,
+    # and predicting with the last one alone let a slightly slower step end past the budget.
+    recent_steps_s: deque[float] = deque(maxlen=8)
+
+    def over_budget() -> bool:
+        return bool(cfg.max_seconds and recent_steps_s and train_s + max(recent_steps_s) > cfg.max_seconds)
     next_checkpoint_s = checkpoint_every_s
     # With a time budget the number of steps is not known ahead: the bar counts steps and shows the
     # minutes spent of the budget.
@@ -1058,7 +1065,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     for step in range(cfg.steps):
         # Share of the run done: of the time budget when there is one, else of the steps.
         done = train_s / cfg.max_seconds if cfg.max_seconds else step / cfg.steps
-        if cfg.max_seconds and step and train_s + last_step_s > cfg.max_seconds:
+        if over_budget():
             break  # the next step would overrun the budget
         t_step = time.perf_counter()
         batch_idx = []
@@ -1078,13 +1085,13 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         losses.append(float(loss.detach()))
-        last_step_s = time.perf_counter() - t_step
-        train_s += last_step_s
+        recent_steps_s.append(time.perf_counter() - t_step)
+        train_s += recent_steps_s[-1]
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", train_min=f"{train_s / 60:.1f}{budget}")
         due = (checkpoint_every and (step + 1) % checkpoint_every == 0) or \
               (checkpoint_every_s and train_s >= next_checkpoint_s)
-        last = step + 1 == cfg.steps or bool(cfg.max_seconds and train_s + last_step_s > cfg.max_seconds)
+        last = step + 1 == cfg.steps or over_budget()
         if on_checkpoint and due and not last:
             next_checkpoint_s += checkpoint_every_s
             model.eval()
