@@ -16,7 +16,7 @@ import pytest
 
 import trace_envs
 from trace_envs import OracleAgent, ScriptedAgent, make_agent, rollout
-from trace_envs.core.tools import ToolSet
+from trace_envs.core.tools import ToolError, ToolSet
 from trace_envs.domains.agents import DEFICITS
 from trace_envs.domains.airline.db import SIZES, generate_db
 from trace_envs.domains.airline.tasks import SCENARIOS
@@ -176,6 +176,37 @@ def test_writes_change_the_db_and_failed_writes_do_not(tools):
     assert cert.ok and any(m["source"] == "certificate" and m["amount"] == 100 and m["id"] == "certificate_7000001"
                            for m in layer.get("users", r["user_id"])["payment_methods"].values())
     assert json.dumps(base, sort_keys=True) == before
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e30, 10 ** 30, -1, 2.5])
+def test_absurd_numbers_get_a_clear_error_and_change_nothing(tools, bad):
+    """Bags and amounts are bounded by the domain: an error observation that names the argument, no write."""
+    base, layer, ts = tools
+    r = _future_reservation(layer)
+    before = json.dumps(layer.changes, sort_keys=True, default=str)
+    card = next(p for p, m in base["users"][r["user_id"]]["payment_methods"].items() if m["source"] == "credit_card")
+    calls = [("update_reservation_baggages", {"reservation_id": r["reservation_id"], "total_baggages": bad,
+                                              "nonfree_baggages": 0, "payment_id": card}),
+             ("update_reservation_baggages", {"reservation_id": r["reservation_id"], "total_baggages": 1,
+                                              "nonfree_baggages": bad, "payment_id": card})]
+    if bad != 2.5:  # 2.5 dollars is a valid amount
+        calls.append(("send_certificate", {"user_id": r["user_id"], "amount": bad}))
+    toolkit = AirlineTools(layer)
+    for name, args in calls:
+        # through the tool-call path the agent uses (schema validation, then the tool) ...
+        result = ts.call(name, args)
+        assert not result.ok and "unexpectedly" not in result.content, (name, args, result.content)
+        # ... and through the Python API, where only the domain bound stands between the value and the DB
+        with pytest.raises(ToolError, match="total_baggages|nonfree_baggages|amount"):
+            getattr(toolkit, name)(**args)
+    assert json.dumps(layer.changes, sort_keys=True, default=str) == before
+
+
+@pytest.mark.parametrize("expression", ["9" * 400 + " * 1.0", "(" * 80 + "1.5" + ")" * 80 + " * " + "9" * 320,
+                                        "1" + "0" * 200 + ".0 * 1" + "0" * 200 + ".0"])
+def test_calculate_reports_overflow_as_a_clear_error(tools, expression):
+    result = tools[2].call("calculate", {"expression": expression})
+    assert not result.ok and "too large" in result.content, result.content
 
 
 def test_booking_ids_are_deterministic_and_seats_decrease(tools):

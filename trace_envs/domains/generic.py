@@ -7,6 +7,7 @@ in every domain (as in τ²-bench, where they are not domain-specific).
 from __future__ import annotations
 
 import ast
+import math
 import operator
 
 from ..core.tools import ToolError, tool
@@ -31,6 +32,8 @@ def safe_arithmetic(expression: str) -> float:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise ToolError(f"cannot parse {expression!r}: {exc.msg}.") from None
+    except (RecursionError, MemoryError):  # parentheses nested too deep for the parser
+        raise ToolError("the expression is nested too deeply; simplify it.") from None
 
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
@@ -46,7 +49,13 @@ def safe_arithmetic(expression: str) -> float:
             return _UNARY[type(node.op)](ev(node.operand))
         raise ToolError("the expression may contain only numbers, + - * /, parentheses and spaces.")
 
-    return float(ev(tree))
+    try:
+        value = float(ev(tree))
+    except OverflowError:  # an integer too large for a float, or a float product past 1.8e308
+        raise ToolError("the result is too large to compute; check the numbers in the expression.") from None
+    if not math.isfinite(value):
+        raise ToolError("the result is too large to compute; check the numbers in the expression.")
+    return value
 
 
 def calculate(expression: str) -> str:

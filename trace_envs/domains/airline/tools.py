@@ -15,6 +15,7 @@ import json
 from typing import Literal, TypedDict
 
 from ...core.tools import ToolError, tool
+from ..bounds import MAX_BAGS_PER_PASSENGER, check_amount, check_count
 from ..db import Layer
 from ..generic import GenericTools
 from .db import AIRPORTS, CABINS, EXTRA_BAG_PRICE, INSURANCE_PRICE, NOW
@@ -295,8 +296,13 @@ class AirlineTools(GenericTools):
             raise ToolError("a reservation needs at least one flight.")
         if not passengers:
             raise ToolError("a reservation needs at least one passenger.")
-        if total_baggages < 0 or nonfree_baggages < 0 or nonfree_baggages > total_baggages:
+        max_bags = MAX_BAGS_PER_PASSENGER * len(passengers)
+        total_baggages = check_count("total_baggages", total_baggages, max_bags)
+        nonfree_baggages = check_count("nonfree_baggages", nonfree_baggages, max_bags)
+        if nonfree_baggages > total_baggages:
             raise ToolError("baggage counts must satisfy 0 <= nonfree_baggages <= total_baggages.")
+        for p in payment_methods:
+            check_amount(f"the amount for {p['payment_id']}", p["amount"])
         segments, seen = [], set()
         for f in flights:
             key = (f["flight_number"], f["date"])
@@ -377,7 +383,10 @@ class AirlineTools(GenericTools):
             payment_id: the payment method for the extra bags (a credit card or gift card in the profile).
         """
         reservation = self._reservation(reservation_id)
-        if total_baggages < 0 or nonfree_baggages < 0 or nonfree_baggages > total_baggages:
+        max_bags = MAX_BAGS_PER_PASSENGER * max(1, len(reservation["passengers"]))
+        total_baggages = check_count("total_baggages", total_baggages, max_bags)
+        nonfree_baggages = check_count("nonfree_baggages", nonfree_baggages, max_bags)
+        if nonfree_baggages > total_baggages:
             raise ToolError("baggage counts must satisfy 0 <= nonfree_baggages <= total_baggages.")
         user = self._user(reservation["user_id"])
         method = self._payment_method(user, payment_id)
@@ -464,8 +473,7 @@ class AirlineTools(GenericTools):
             amount: the certificate's value, in dollars.
         """
         user = self._user(user_id)
-        if amount <= 0:
-            raise ToolError(f"the certificate amount must be positive, got {amount}.")
+        amount = check_amount("the certificate amount", amount, allow_zero=False)
         number = _CERTIFICATE_BASE
         while f"certificate_{number}" in user["payment_methods"]:
             number += 1
