@@ -34,7 +34,7 @@ from .conversation import (
     user_message,
 )
 from .parsing import MAX_ACTION_CHARS, ParsedAction, parse_action
-from .spaces import UnicodeText
+from .spaces import UnicodeText, fit_text, well_formed
 from .tools import ToolResult, ToolSet
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class TraceEnv(gym.Env):
         self._termination: str | None = None
         self._final: dict = {}
         self._seed: int | None = None
+        self._tools: list[dict] = []
 
     # ------------------------------------------------------------------ hooks
 
@@ -136,8 +137,9 @@ class TraceEnv(gym.Env):
 
     @property
     def tools(self) -> list[dict]:
-        """OpenAI function schemas of this episode's tools."""
-        return self._toolset.schemas if self._toolset else []
+        """OpenAI function schemas of this episode's tools (this episode's own copy: changing it changes
+        what this episode reports, never another env's or a later episode's)."""
+        return self._tools if self._toolset else []
 
     @property
     def messages(self) -> list[dict]:
@@ -169,23 +171,25 @@ class TraceEnv(gym.Env):
         opening = self._generate_task(dict(options or {}))
         self._toolset = ToolSet(self._tool_provider(), max_output_chars=self.max_output_chars,
                                 compact=self.compact_tools)
+        # The ToolSet's schemas are cached per class and shared by every env of that class.
+        self._tools = copy.deepcopy(self._toolset.schemas)
         prompt = self.system_prompt()
         if prompt:
-            self._messages.append(system_message(prompt))
-        self._messages.append(user_message(opening))
+            self._append(system_message(prompt))
+        self._append(user_message(opening))
         parts = [prompt] if prompt else []
         if self._toolset.schemas:
             parts.append("# Tools\nCall a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
                          + self._toolset.prompt_block())
         parts.append(opening)
-        return "\n\n".join(parts), self._info()
+        return self._observation("\n\n".join(parts)), self._info()
 
     def step(self, action: Any):
         if self._ended:
             reason = self._termination or "not_started"
             obs = (f"Error: this episode has ended (termination: {reason}). Call reset() to start a new one."
                    if reason != "not_started" else "Error: call reset() before step().")
-            return obs, 0.0, True, False, self._info()
+            return self._observation(obs), 0.0, True, False, self._info()
         try:
             obs = self._take_turn(action)
         except Exception as exc:  # our bug, not the agent's: end cleanly instead of killing the caller's loop
@@ -195,7 +199,7 @@ class TraceEnv(gym.Env):
         reward = 0.0
         if self._ended:
             reward = self._finish()
-        return obs, reward, self._ended, False, self._info()
+        return self._observation(obs), reward, self._ended, False, self._info()
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -206,6 +210,19 @@ class TraceEnv(gym.Env):
         self._toolset = None
 
     # ------------------------------------------------------------------ internals
+
+    def _observation(self, text: str) -> str:
+        """``text`` made to fit the observation space: valid Unicode, at most ``max_length`` characters.
+
+        Whatever a tool or a hook produced, every observation is inside ``observation_space``.
+        """
+        limit = getattr(self.observation_space, "max_length", None)
+        text = well_formed(text)
+        return fit_text(text, limit) if limit else text
+
+    def _append(self, message: dict) -> None:
+        """Add a message to the transcript, made UTF-8-safe so that every record stays writable."""
+        self._messages.append(_well_formed_message(message))
 
     def _end(self, termination: str) -> None:
         """End the episode with a τ²-style termination reason (``user_stop``, ``agent_stop``, ...)."""
@@ -230,11 +247,11 @@ class TraceEnv(gym.Env):
         if parsed.tool_calls:
             return self._tool_turn(parsed)
         self._invalid_streak = 0
-        self._messages.append(assistant_message(parsed.content))
+        self._append(assistant_message(parsed.content))
         reply = self._on_user_message(parsed.content)
         if reply is None:
             return ""
-        self._messages.append(user_message(reply))
+        self._append(user_message(reply))
         return reply
 
     def _tool_turn(self, parsed: ParsedAction) -> str:
@@ -243,8 +260,8 @@ class TraceEnv(gym.Env):
         call_id = call.id or f"call_{self._call_counter}"
         name = call.name if isinstance(call.name, str) else json.dumps(call.name, default=str)
         result = self._toolset.call(call.name, call.arguments)
-        self._messages.append(assistant_message(parsed.content, [tool_call_entry(call_id, name, call.arguments)]))
-        self._messages.append(tool_message(call_id, name, result.content))
+        self._append(assistant_message(parsed.content, [tool_call_entry(call_id, name, call.arguments)]))
+        self._append(tool_message(call_id, name, result.content))
         self._invalid_streak = 0 if result.ok else self._invalid_streak + 1
         obs = tool_response_text(result.content)
         if self._invalid_streak >= self.max_invalid_actions:
@@ -280,3 +297,14 @@ class TraceEnv(gym.Env):
             # A fresh copy each step: callers keep infos, and steps after the end must not share objects.
             info.update(copy.deepcopy(self._final))
         return info
+
+
+def _well_formed_message(value: Any) -> Any:
+    """A message (or part of one) with every string made encodable (lone surrogates → U+FFFD)."""
+    if isinstance(value, str):
+        return well_formed(value)
+    if isinstance(value, dict):
+        return {well_formed(k) if isinstance(k, str) else k: _well_formed_message(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_well_formed_message(v) for v in value]
+    return value

@@ -15,12 +15,21 @@ that the agent can fix its next turn; the parser itself never raises.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Turns longer than this are rejected rather than parsed (a runaway generation).
+logger = logging.getLogger(__name__)
+
+#: Turns longer than this are rejected rather than parsed (a runaway generation). For a dict action
+#: the size is that of its JSON text, so a multi-megabyte tool name or id cannot slip through.
 MAX_ACTION_CHARS = 65_536
+#: JSON nested deeper than this is rejected: real tool arguments are a few levels deep, and deeper
+#: data would only exhaust the recursion of whatever reads it next (validation, ``json.dumps``).
+MAX_JSON_DEPTH = 64
+#: Integers with more digits than this are rejected (Python refuses to convert beyond 4,300 digits).
+MAX_INT_DIGITS = 1_000
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
@@ -73,6 +82,83 @@ def _check_text(text: str, what: str) -> str | None:
     return None
 
 
+def _surrogate(text: str) -> str | None:
+    """The first lone surrogate in ``text`` as a ``\\uXXXX`` escape, or None if ``text`` is well-formed."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"\\u{ord(text[exc.start]):04x}"
+    return None
+
+
+def _json_problem(value: Any, where: str) -> str | None:
+    """Why ``value`` is not JSON data the environment can safely keep, or None.
+
+    Decoded JSON can still hold what no tool, transcript or trajectory file can take: a lone surrogate
+    written as an escape (``"\\ud800"``, which no UTF-8 writer can encode), nesting thousands deep, or
+    (in a dict action built in Python) non-JSON objects, non-string keys and multi-megabyte strings.
+    The walk is iterative, so depth itself cannot exhaust the stack.
+    """
+    size = 0
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        at = f"{where} (at {path.lstrip('.')})" if path else where
+        if depth > MAX_JSON_DEPTH:
+            return (f"{where} is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects). "
+                    "Send a flat JSON tool call.")
+        if isinstance(item, str):
+            size += len(item)
+            bad = _surrogate(item)
+            if bad:
+                return (f"{at} contains a lone surrogate ({bad}), which is not valid Unicode. Write the "
+                        "character itself, or a complete surrogate pair.")
+        elif isinstance(item, bool) or item is None:
+            size += 4
+        elif isinstance(item, int):
+            # bit_length avoids converting a huge int to text just to count its digits
+            digits = int(item.bit_length() * 0.30103) + 1
+            if digits > MAX_INT_DIGITS:
+                return f"{at} is an integer with about {digits:,} digits; the limit is {MAX_INT_DIGITS:,}."
+            size += digits
+        elif isinstance(item, float):
+            size += 24
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"{at} has a key {key!r:.60} that is not a string; JSON object keys are strings."
+                bad = _surrogate(key)
+                if bad:
+                    return (f"{at} has a key with a lone surrogate ({bad}), which is not valid Unicode. Write "
+                            "the character itself, or a complete surrogate pair.")
+                size += len(key) + 2
+                stack.append((child, f"{path}.{key[:40]}", depth + 1))
+        elif isinstance(item, list):
+            size += 2 + len(item)
+            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
+        else:
+            return f"{at} is a {type(item).__name__}, which is not JSON data (use strings, numbers, lists, objects)."
+        if size > MAX_ACTION_CHARS:
+            return f"{where} is longer than {MAX_ACTION_CHARS:,} characters as JSON. Send a shorter turn."
+    return None
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _TooManyDigits(len(text.lstrip("-")))
+    return int(text)
+
+
+class _TooManyDigits(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(f"contains an integer with {digits:,} digits; the limit is {MAX_INT_DIGITS:,}")
+
+
+def _loads(payload: str) -> Any:
+    """``json.loads`` that refuses integers too long to handle (instead of a ValueError from deep inside)."""
+    return json.loads(payload, parse_int=_parse_int)
+
+
 def _call_from_json(obj: Any, where: str) -> ToolCall | str:
     """A ToolCall from a decoded JSON object, or an error string."""
     if not isinstance(obj, dict):
@@ -82,9 +168,16 @@ def _call_from_json(obj: Any, where: str) -> ToolCall | str:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = _loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
             return f"the \"arguments\" of {where} are a string that is not valid JSON ({exc.msg} at position {exc.pos})."
+        except _TooManyDigits as exc:
+            return f"the \"arguments\" of {where} {exc}."
+        except RecursionError:
+            return f"the \"arguments\" of {where} are nested too deeply to read. Send a flat JSON object."
+        problem = _json_problem(args, f"the \"arguments\" of {where}")
+        if problem:
+            return problem
     extra = set(obj) - {"name", "arguments", "parameters", "id", "type"}
     if extra:
         return f"{where} has unexpected field(s) {sorted(extra)}; only \"name\" and \"arguments\" are allowed."
@@ -92,10 +185,17 @@ def _call_from_json(obj: Any, where: str) -> ToolCall | str:
 
 
 def _decode(payload: str, where: str) -> Any:
+    """The decoded JSON, or a ValueError whose message says what is wrong (shown to the agent)."""
     try:
-        return json.loads(payload)
+        decoded = _loads(payload)
     except json.JSONDecodeError as exc:
         return ValueError(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}).")
+    except _TooManyDigits as exc:
+        return ValueError(f"{where} {exc}.")
+    except RecursionError:
+        return ValueError(f"{where} is nested too deeply to read.")
+    problem = _json_problem(decoded, where)
+    return ValueError(problem) if problem else decoded
 
 
 def _parse_text(text: str) -> ParsedAction:
@@ -155,17 +255,38 @@ def _parse_text(text: str) -> ParsedAction:
     return ParsedAction(content=visible)
 
 
+def _content_text(content: Any) -> str | ParsedAction:
+    """A message's ``content`` as text: a string, None, or a list of OpenAI content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return _reject(f"The message's \"content\" must be a string, got {type(content).__name__}.")
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            return _reject(f"content part {i} must be an object like {{\"type\": \"text\", \"text\": \"...\"}}, "
+                           f"got {type(part).__name__}.")
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            return _reject(f"the \"text\" of content part {i} must be a string, got {type(text).__name__}.")
+        texts.append(text)
+    return "".join(texts)
+
+
 def _parse_message(message: dict) -> ParsedAction:
     role = message.get("role", "assistant")
     if role != "assistant" or not ({"content", "tool_calls"} & set(message)):
         return _reject("A dict action must be an OpenAI assistant message: {\"role\": \"assistant\", "
                        "\"content\": \"...\"} or with \"tool_calls\": [...].")
-    content = message.get("content") or ""
-    if not isinstance(content, str):
-        if isinstance(content, list):  # OpenAI content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        else:
-            return _reject(f"The message's \"content\" must be a string, got {type(content).__name__}.")
+    # A dict never went through the text checks, so check the whole of it once: size, depth, Unicode.
+    problem = _json_problem(message, "The message")
+    if problem:
+        return _reject(problem)
+    content = _content_text(message.get("content"))
+    if isinstance(content, ParsedAction):
+        return content
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
         return _reject("The message's \"tool_calls\" must be a list.")
@@ -204,3 +325,7 @@ def parse_action(action: Any) -> ParsedAction:
         return _reject(f"An action must be text or an OpenAI assistant message dict, got {type(action).__name__}.")
     except RecursionError:
         return _reject("Your turn is nested too deeply to read. Send a flat JSON tool call.")
+    except Exception as exc:  # the contract is "never raises": a parser bug becomes an error the agent sees
+        logger.exception("parse_action failed on a %s action", type(action).__name__)
+        return _reject(f"Your turn could not be read ({type(exc).__name__}). Send plain text, or one "
+                       "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> block.")

@@ -33,6 +33,28 @@ def is_well_formed(text: str) -> bool:
     return True
 
 
+def well_formed(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD, so that it encodes to UTF-8.
+
+    The parser rejects lone surrogates in what the agent sends; this is the last line of defence at the
+    observation and transcript boundary (a tool that echoes odd bytes, a subclass's own text).
+    """
+    if is_well_formed(text):
+        return text
+    # UTF-16 with surrogatepass keeps valid pairs and lets the decoder replace each lone one.
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def fit_text(text: str, max_length: int) -> str:
+    """``text`` cut to at most ``max_length`` characters, ending with a note that says how much was cut."""
+    if len(text) <= max_length:
+        return text
+    note = f"\n… [cut: {len(text):,} characters; the limit is {max_length:,}]"
+    if len(note) >= max_length:
+        return text[:max_length]
+    return text[:max_length - len(note)] + note
+
+
 class UnicodeText(Text):
     """Any well-formed Unicode string of ``min_length``..``max_length`` characters.
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import re
 import types
 import typing
@@ -291,7 +292,16 @@ def _json_type(value: Any) -> str:
 
 def _describe(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, default=str)
-    return f"{_json_type(value)} {text[:60] + '…' if len(text) > 60 else text}"
+    return f"{_json_type(value)} {_shorten(text)}"
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    """What an error message echoes of the agent's input: enough to recognise it, never megabytes."""
+    return text[:limit] + "…" if len(text) > limit else text
+
+
+#: An error lists at most this many argument problems (a call with thousands of bad keys gets a short reply).
+MAX_PROBLEMS_SHOWN = 10
 
 
 def _matches_type(value: Any, expected: str) -> bool:
@@ -315,6 +325,10 @@ def validate_value(value: Any, schema: dict, path: str, problems: list[str]) -> 
         if not any(_matches_type(value, t) for t in allowed):
             problems.append(f"{path} must be {_type_name(schema)}, got {_describe(value)}")
             return
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON's NaN / Infinity / 1e999 decode to non-finite floats; no tool means them as a number.
+        problems.append(f"{path} must be a finite number, got {value}")
+        return
     if "enum" in schema and value not in schema["enum"]:
         problems.append(f"{path} must be {_type_name(schema)}, got {_describe(value)}")
         return
@@ -461,15 +475,21 @@ class ToolSet:
         """An error result if the call cannot be made as written, else ``None``."""
         if not isinstance(name, str) or name not in self.specs:
             available = ", ".join(self.specs) or "(none)"
-            shown = name if isinstance(name, str) else _describe(name)
-            return self.error(str(shown), f"unknown tool {shown!r}. Available tools: {available}.")
+            shown = _shorten(name, 100) if isinstance(name, str) else _describe(name)
+            return self.error(shown, f"unknown tool {shown!r}. Available tools: {available}.")
         spec = self.specs[name]
         if not isinstance(arguments, dict):
             return self.error(name, f"the arguments of {name} must be a JSON object, got {_describe(arguments)}. "
                                     f"Expected: {spec.signature_text()}", spec.write)
-        problems = validate_arguments(spec, arguments)
+        try:
+            problems = validate_arguments(spec, arguments)
+        except (RecursionError, ValueError) as exc:  # arguments nested or sized beyond what can be read
+            problems = [f"the arguments could not be checked ({type(exc).__name__}); send flat JSON values"]
         if problems:
-            return self.error(name, f"invalid arguments for {name}: " + "; ".join(problems)
+            shown = problems[:MAX_PROBLEMS_SHOWN]
+            if len(problems) > len(shown):
+                shown.append(f"and {len(problems) - len(shown)} more")
+            return self.error(name, f"invalid arguments for {name}: " + "; ".join(shown)
                               + f". Expected: {spec.signature_text()}", spec.write)
         return None
 
