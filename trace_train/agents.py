@@ -270,8 +270,9 @@ class HFAgent:
     """A local ``transformers`` causal LM as an agent, with batched generation across envs.
 
     Args:
-        model: a model folder / hub id (loaded with ``AutoModelForCausalLM``), or an already-loaded model
-            (for example a composed model) — then pass ``tokenizer`` too.
+        model: a model folder / hub id (loaded with ``AutoModelForCausalLM``), a composed folder written by
+            ``trace compose`` (it holds ``compose.json``; loaded as a :class:`trace_train.compose.ComposedModel`),
+            or an already-loaded model — then pass ``tokenizer`` too.
         tokenizer: a tokenizer or its folder (default: the model's folder).
         adapter: a PEFT adapter folder applied on top of the model.
         threads: ``torch.set_num_threads`` (1 is fastest for tiny models on CPU); None leaves it alone.
@@ -303,7 +304,12 @@ class HFAgent:
             torch.manual_seed(seed)
         if isinstance(model, str):
             self.model_path = model
-            model_obj = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
+            from trace_train.compose import ComposedModel, is_composed_dir
+
+            if is_composed_dir(model):  # `trace compose` output: base + adapters + gates, loaded as one model
+                model_obj = ComposedModel.from_pretrained(model, dtype=dtype or torch.float32)
+            else:
+                model_obj = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
         else:
             self.model_path = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
             model_obj = model

@@ -1,0 +1,246 @@
+"""The composed model (trace_train.compose): equivalence with the base and with PEFT, gates only train,
+sparse routing per token, save/load with hashes, generation, and use as an HFAgent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from trace_train.compose import ComposedModel, ComposeError  # noqa: E402
+
+ENV = "trace/precondition_verification-v0"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+K = 3
+
+
+def make_adapter(base: str, out, seed: int, r: int, targets=TARGETS, **extra) -> str:
+    """A PEFT LoRA adapter with random (non-zero) A and B, as a trained one would have."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets,
+                                                  init_lora_weights=False, **extra))
+    peft_model.save_pretrained(str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.set_num_threads(1)
+    from trace_train.models import build_model
+
+    root = tmp_path_factory.mktemp("compose")
+    base = str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model", env_ids=[ENV],
+                           corpus_seeds=4).path)
+    # Different ranks per adapter: experts need not share a rank.
+    adapters = {f"cap{k}": make_adapter(base, root / f"cap{k}", seed=k, r=4 + 2 * k) for k in range(K)}
+    return base, adapters, root
+
+
+@pytest.fixture(scope="module")
+def composed(setup):
+    base, adapters, _ = setup
+    return ComposedModel.build(base, adapters)
+
+
+def tokens(base, batch=3, seq=19, seed=0):
+    vocab = AutoModelForCausalLM.from_pretrained(base).config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab - 64, (batch, seq), generator=gen)
+
+
+def peft_logits(base, adapter, ids):
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def scramble_gates(model, seed=1, scale=4.0):
+    """Gates that spread tokens over every slot (a trained router would; fresh ones pick the base)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for g in model.gates:
+            g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * scale / g.weight.shape[1] ** 0.5)
+            g.bias.zero_()
+
+
+def test_fresh_and_slot0_equal_the_base(setup, composed):
+    base, _, _ = setup
+    ids = tokens(base)
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(base).eval()(ids).logits
+        fresh = composed(ids).logits  # base bias 5: every token on the base slot
+        with composed.force_routing(0):
+            forced = composed(ids).logits
+    assert torch.allclose(fresh, ref, atol=1e-5, rtol=0)
+    assert torch.allclose(forced, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("k", range(1, K + 1))
+def test_slot_k_equals_peft_base_plus_adapter_k(setup, composed, k):
+    base, adapters, _ = setup
+    ids = tokens(base)
+    expected = peft_logits(base, list(adapters.values())[k - 1], ids)
+    with torch.no_grad(), composed.force_routing(k):
+        got = composed(ids).logits
+    plain = AutoModelForCausalLM.from_pretrained(base).eval()(ids).logits
+    assert (expected - plain).abs().max() > 1e-2  # the adapter does change the output
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_mixed_routing_per_sequence_matches_separate_forwards(setup, composed):
+    """One batch whose rows go to different experts gives each row its own expert path's logits."""
+    base, adapters, _ = setup
+    ids = tokens(base, batch=4)
+    slots = torch.tensor([2, 0, 3, 1])
+    with torch.no_grad(), composed.force_routing(slots):
+        mixed = composed(ids).logits
+    plain = AutoModelForCausalLM.from_pretrained(base).eval()
+    names = list(adapters.values())
+    for row, slot in enumerate(slots.tolist()):
+        with torch.no_grad():
+            ref = plain(ids[row:row + 1]).logits if slot == 0 else peft_logits(base, names[slot - 1], ids[row:row + 1])
+        assert torch.allclose(mixed[row:row + 1], ref, atol=1e-5, rtol=0), f"row {row} (slot {slot})"
+
+
+def test_mixed_routing_per_token_matches_each_tokens_expert(setup, composed):
+    """Tokens of one sequence routed to different experts: in the first block (whose projections' inputs
+    do not depend on routing) each token's q/k/v output is exactly that of its own expert's forward."""
+    base, _, _ = setup
+    ids = tokens(base, batch=2, seq=23)
+    gen = torch.Generator().manual_seed(5)
+    per_token = torch.randint(0, K + 1, ids.shape, generator=gen)
+    attn = composed.model.model.layers[0].self_attn
+    captured = {}
+
+    def capture(tag):
+        hooks = [getattr(attn, n).register_forward_hook(
+            lambda m, a, out, n=n: captured.__setitem__((tag, n), out.detach())) for n in ("q_proj", "k_proj", "v_proj")]
+        return hooks
+
+    for tag, slots in [("mixed", per_token)] + [(s, s) for s in range(K + 1)]:
+        hooks = capture(tag)
+        with torch.no_grad(), composed.force_routing(slots):
+            composed(ids)
+        for h in hooks:
+            h.remove()
+    for n in ("q_proj", "k_proj", "v_proj"):
+        expected = torch.stack([captured[(s, n)] for s in range(K + 1)])  # (K+1, B, T, out)
+        pick = expected.gather(0, per_token[None, :, :, None].expand(1, *expected.shape[1:])).squeeze(0)
+        assert torch.allclose(captured[("mixed", n)], pick, atol=1e-5, rtol=0), n
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+def test_sparse_equals_dense_under_learned_gates(setup, top_k):
+    """Gate-driven routing over every slot: grouping tokens by expert changes nothing but the cost."""
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters, top_k=top_k)
+    scramble_gates(model)
+    ids = tokens(base, batch=3, seq=31)
+    with torch.no_grad(), model.recording() as routers:
+        sparse = model(ids).logits
+        used = torch.cat([r.choice.flatten() for r in routers]).unique()
+    model.mode = "dense"
+    with torch.no_grad():
+        dense = model(ids).logits
+    assert len(used) == K + 1  # the scrambled gates do use every slot
+    assert torch.allclose(sparse, dense, atol=1e-5, rtol=0)
+
+
+def test_only_gates_get_gradients_and_their_count(setup, composed):
+    base, _, _ = setup
+    config = composed.config
+    assert composed.gate_parameter_count() == config.num_hidden_layers * (config.hidden_size + 1) * (K + 1)
+    trainable = {n for n, p in composed.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in composed.gates.named_parameters(prefix="gates")}
+    scramble_gates(composed, scale=2.0)
+    try:
+        composed.train()
+        ids = tokens(base, batch=2, seq=11)
+        loss = composed(input_ids=ids, labels=ids).loss
+        loss.backward()
+        with_grad = {n for n, p in composed.named_parameters() if p.grad is not None}
+        assert with_grad == trainable
+        assert all(composed.get_parameter(n).grad.abs().sum() > 0 for n in with_grad if n.endswith("weight"))
+        assert all(b.grad is None for _, b in composed.named_buffers() if b.is_floating_point())
+    finally:
+        composed.eval()
+        composed.zero_grad(set_to_none=True)
+        composed.reset_gates()
+
+
+def test_save_load_round_trip_and_hash_check(setup, tmp_path):
+    base, adapters, root = setup
+    model = ComposedModel.build(base, adapters, top_k=2)
+    scramble_gates(model, seed=3)
+    out = model.save_pretrained(tmp_path / "composed")
+    spec = json.loads((out / "compose.json").read_text())
+    assert [a["name"] for a in spec["adapters"]] == list(adapters)
+    assert all(len(a["sha256"]) == 64 for a in spec["adapters"]) and len(spec["base_sha256"]) == 64
+    assert spec["top_k"] == 2
+    loaded = ComposedModel.from_pretrained(out)
+    ids = tokens(base)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    AutoTokenizer.from_pretrained(str(out))  # the folder carries its tokenizer
+
+    # An adapter changed after composing is refused (the hash no longer matches).
+    moved = root / "changed"
+    shutil.copytree(adapters["cap1"], moved)
+    spec["adapters"][1]["path"] = str(moved)
+    (out / "compose.json").write_text(json.dumps(spec))
+    ComposedModel.from_pretrained(out)  # same bytes elsewhere: fine
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(moved / "adapter_model.safetensors"))
+    save_file({k: v * 1.5 for k, v in weights.items()}, str(moved / "adapter_model.safetensors"))
+    with pytest.raises(ComposeError, match="changed since composing"):
+        ComposedModel.from_pretrained(out)
+
+
+def test_refuses_adapters_that_cannot_be_composed(setup, tmp_path):
+    base, adapters, _ = setup
+    other_targets = make_adapter(base, tmp_path / "attn_only", seed=9, r=4, targets=["q_proj", "v_proj"])
+    with pytest.raises(ComposeError, match="same target_modules"):
+        ComposedModel.build(base, [adapters["cap0"], other_targets])
+    dora = make_adapter(base, tmp_path / "dora", seed=9, r=4, use_dora=True)
+    with pytest.raises(ComposeError, match="DoRA"):
+        ComposedModel.build(base, [adapters["cap0"], dora])
+    with pytest.raises(ComposeError, match="not a PEFT adapter folder"):
+        ComposedModel.build(base, [adapters["cap0"], str(tmp_path)])
+    with pytest.raises(ComposeError, match="not a model folder"):
+        ComposedModel.build(tmp_path, [adapters["cap0"]])
+    with pytest.raises(ComposeError, match="not a composed model folder"):
+        ComposedModel.from_pretrained(tmp_path)
+
+
+def test_generate_follows_the_forced_expert_and_agent_loads_the_folder(setup, tmp_path):
+    """HF ``generate`` (with its cache) on slot k writes what PEFT's base + adapter k writes, and
+    ``HFAgent`` takes the composed folder like a model folder."""
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters)
+    tok = AutoTokenizer.from_pretrained(base)
+    ids = tok("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt").input_ids
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapters["cap2"]).eval()
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
+    with torch.no_grad(), model.force_routing(3):
+        got = model.generate(ids, **kwargs)
+    expected = peft_model.generate(ids, **kwargs)
+    assert torch.equal(got, expected)
+
+    from trace_train.agents import HFAgent
+
+    out = model.save_pretrained(tmp_path / "composed")
+    agent = HFAgent(str(out), max_new_tokens=8)
+    plain = HFAgent(base, max_new_tokens=8)
+    info = {"messages": [{"role": "system", "content": "You are an agent."},
+                         {"role": "user", "content": "Cancel reservation ABC123."}], "tools": []}
+    assert isinstance(agent.model, ComposedModel)
+    assert agent("Cancel reservation ABC123.", info) == plain("Cancel reservation ABC123.", info)  # fresh = base

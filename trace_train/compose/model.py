@@ -1,0 +1,443 @@
+"""The composed model: a frozen base, K frozen LoRA experts, and one small gate per transformer block.
+
+Stage four of TRACE (DESIGN.md "Composer", FACTS.md §1). Each block ``i`` gets a gate
+``Linear(hidden, K + 1)`` with bias that reads the block's input hidden state; slot 0 is the base (no
+adapter), slot ``k`` the k-th capability adapter. Its per-token choice applies to every adapted
+projection of the block:
+
+    out = W x + p_top · B_top A_top x            (top-1, multiplicative gating)
+
+with ``p_top`` the chosen slot's softmax probability (top-k sums the k chosen slots, each scaled by its
+own probability; choosing slot 0 adds nothing). The base slot's bias starts at ``base_bias`` (5.0) and
+the gate weights near zero, so a fresh composed model routes every token to the base and is the base.
+
+The computation is sparse. A block's router turns its choices into one *dispatch* — the
+(token, weight) assignments of every expert, sorted by expert into segments — and every adapted
+projection of the block reuses it: one gather of the routed tokens, one pair of small matmuls per
+expert segment, one ``index_add`` back. A token pays for its own adapter only, tokens sent to the base
+pay nothing, and when every token goes to one expert (forced or per-episode routing) the gather is
+skipped. ``mode="dense"`` computes every expert for every token and masks (the reference the tests
+and ``bench/compose_speed.py`` compare against).
+
+The model runs as the wrapped ``transformers`` model does — forward, ``generate``, caches — because
+the routing lives in forward pre-hooks on the decoder blocks and in the replaced projections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from .adapters import AdapterRef, ComposeError, block_of, check_same_base, extract_experts, folder_digest, \
+    resolve_adapters
+
+#: The file that marks a composed folder (what :class:`trace_train.agents.HFAgent` looks for).
+COMPOSE_FILE = "compose.json"
+GATES_FILE = "gates.safetensors"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Dispatch:
+    """One block's routing of the current forward's tokens, shared by all its adapted projections.
+
+    Attributes:
+        token_idx: flat token index of each assignment, sorted by expert (``None`` = all tokens in order).
+        weights: gating weight of each assignment (``p`` of the chosen slot; 1.0 when forced).
+        segments: ``(expert, start, end)`` over the sorted assignments, experts numbered from 0.
+    """
+
+    token_idx: torch.Tensor | None
+    weights: torch.Tensor
+    segments: list[tuple[int, int, int]]
+
+
+class BlockRouter:
+    """The gate of one block and the dispatch it computed for the forward in progress.
+
+    Not a module: the gate ``Linear`` is registered on :class:`ComposedModel` (``gates.<i>``), and the
+    router is referenced by the block's :class:`RoutedLoRALinear` projections.
+    """
+
+    def __init__(self, gate: nn.Linear, index: int, owner: "ComposedModel") -> None:
+        self.gate, self.index, self.owner = gate, index, owner
+        self.dispatch: Dispatch | None = None
+        self.logits: torch.Tensor | None = None  # (B, T, K+1), kept while owner.keep_logits
+        self.choice: torch.Tensor | None = None  # (B, T) top-1 slot, kept while owner.keep_choices
+
+    def route(self, hidden: torch.Tensor) -> None:
+        owner = self.owner
+        batch, seq = hidden.shape[:2]
+        n = batch * seq
+        forced = owner.forced
+        if forced is not None:
+            slots = _forced_slots(forced, batch, seq, hidden.device)
+            weights = torch.ones(n, 1, device=hidden.device, dtype=hidden.dtype)
+            self.logits = None
+            if owner.keep_choices:
+                self.choice = slots.view(batch, seq)
+            self.dispatch = _dispatch(slots.view(n, 1), weights, owner.num_experts)
+            return
+        logits = self.gate(hidden.to(self.gate.weight.dtype))
+        self.logits = logits if owner.keep_logits else None
+        probs = torch.softmax(logits.float(), dim=-1).to(hidden.dtype).reshape(n, -1)
+        weights, slots = probs.topk(owner.top_k, dim=-1)
+        if owner.keep_choices:
+            self.choice = slots[:, 0].view(batch, seq).detach()
+        self.dispatch = _dispatch(slots, weights, owner.num_experts)
+
+
+def _forced_slots(forced: int | torch.Tensor, batch: int, seq: int, device) -> torch.Tensor:
+    if isinstance(forced, int):
+        return torch.full((batch * seq,), forced, dtype=torch.long, device=device)
+    f = forced.to(device=device, dtype=torch.long)
+    if f.dim() == 1:  # one slot per sequence, for every position (also every decoding step)
+        if f.shape[0] != batch:
+            raise ComposeError(f"forced routing has {f.shape[0]} rows for a batch of {batch}")
+        return f.view(batch, 1).expand(batch, seq).reshape(-1)
+    if tuple(f.shape) != (batch, seq):
+        raise ComposeError(f"forced routing of shape {tuple(f.shape)} for tokens of shape {(batch, seq)}")
+    return f.reshape(-1)
+
+
+def _dispatch(slots: torch.Tensor, weights: torch.Tensor, num_experts: int) -> Dispatch:
+    """Sort the (token, slot) assignments by expert, dropping those sent to the base (slot 0)."""
+    n, k = slots.shape
+    flat_slots = slots.reshape(-1)
+    counts = torch.bincount(flat_slots, minlength=num_experts + 1).tolist()  # one host sync per block
+    routed = n * k - counts[0]
+    if routed == 0:
+        return Dispatch(None, weights.new_zeros(0), [])
+    if k == 1 and routed == n and max(counts[1:]) == n:  # every token to one expert: no gather
+        expert = next(e for e, c in enumerate(counts[1:]) if c)
+        return Dispatch(None, weights.reshape(-1), [(expert, 0, n)])
+    order = torch.argsort(flat_slots, stable=True)[counts[0]:]
+    token_idx = torch.div(order, k, rounding_mode="floor") if k > 1 else order
+    segments, start = [], 0
+    for e, c in enumerate(counts[1:]):
+        if c:
+            segments.append((e, start, start + c))
+            start += c
+    return Dispatch(token_idx, weights.reshape(-1)[order], segments)
+
+
+class RoutedLoRALinear(nn.Module):
+    """A frozen projection plus its K frozen LoRA experts, applied per token as its block's router says.
+
+    ``lora_A_k`` is ``(r_k, in)`` and ``lora_B_k`` ``(out, r_k)`` with the adapter's ``alpha / r``
+    folded in; both are buffers (never trained, moved with the module).
+    """
+
+    def __init__(self, base: nn.Linear, experts: list[tuple[torch.Tensor, torch.Tensor]], router: BlockRouter):
+        super().__init__()
+        self.base = base
+        self.router = router
+        self.num_experts = len(experts)
+        for k, (a, b) in enumerate(experts):
+            if a.shape[1] != base.in_features or b.shape[0] != base.out_features or a.shape[0] != b.shape[1]:
+                raise ComposeError(f"expert {k}: LoRA shapes {tuple(a.shape)}, {tuple(b.shape)} do not fit a "
+                                   f"Linear({base.in_features}, {base.out_features})")
+            self.register_buffer(f"lora_A_{k}", a.to(base.weight.dtype), persistent=False)
+            self.register_buffer(f"lora_B_{k}", b.to(base.weight.dtype), persistent=False)
+
+    def expert(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self, f"lora_A_{k}"), getattr(self, f"lora_B_{k}")
+
+    def expert_delta(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        a, b = self.expert(k)
+        return (x @ a.t()) @ b.t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        d = self.router.dispatch
+        if d is None or not d.segments:
+            return out
+        flat = x.reshape(-1, x.shape[-1])
+        if self.router.owner.mode == "dense":
+            return out + self._dense(flat, d).view_as(out)
+        if d.token_idx is None:  # one expert for every token
+            delta = self.expert_delta(flat, d.segments[0][0]) * d.weights.unsqueeze(-1)
+            return out + delta.view_as(out)
+        routed = flat.index_select(0, d.token_idx)
+        parts = [self.expert_delta(routed[s:e], k) for k, s, e in d.segments]
+        delta = (parts[0] if len(parts) == 1 else torch.cat(parts)) * d.weights.unsqueeze(-1)
+        flat_out = out.reshape(-1, out.shape[-1]).index_add(0, d.token_idx, delta.to(out.dtype))
+        return flat_out.view_as(out)
+
+    def _dense(self, flat: torch.Tensor, d: Dispatch) -> torch.Tensor:
+        """Every expert on every token, masked to the chosen ones (the dense reference)."""
+        n = flat.shape[0]
+        total = flat.new_zeros(n, self.base.out_features)
+        idx = d.token_idx if d.token_idx is not None else torch.arange(n, device=flat.device)
+        for k in range(self.num_experts):
+            w = flat.new_zeros(n)
+            for e, s, t in d.segments:
+                if e == k:
+                    w = w.index_add(0, idx[s:t], d.weights[s:t].to(flat.dtype))
+            total = total + self.expert_delta(flat, k) * w.unsqueeze(-1)
+        return total
+
+
+@dataclass
+class ComposeSpec:
+    """What a composed folder's ``compose.json`` records (base, adapters with hashes, routing settings)."""
+
+    base: str
+    base_sha256: str
+    adapters: list[dict]
+    target_modules: list[str]
+    top_k: int = 1
+    base_bias: float = 5.0
+    routing: str = "token"
+    training: dict | None = None
+
+    def as_json(self) -> dict:
+        return {"format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
+                "base_sha256": self.base_sha256, "adapters": self.adapters, "target_modules": self.target_modules,
+                "top_k": self.top_k, "base_bias": self.base_bias, "routing": self.routing,
+                "training": self.training}
+
+
+class ComposedModel(nn.Module):
+    """A causal LM whose blocks route each token to the base or one of K LoRA experts.
+
+    Build one with :meth:`build` (fresh gates) or :meth:`from_pretrained` (a folder written by
+    :meth:`save_pretrained` or ``trace compose``). It is a ``torch.nn.Module``; ``forward`` and
+    ``generate`` are the wrapped ``transformers`` model's, and other attributes (``config``,
+    ``generation_config``, ``device`` …) are read from it. Only :meth:`gate_parameters` train.
+
+    Attributes:
+        top_k: slots each token is sent to (1 = the paper's top-1; 2 or 4 for the ablation).
+        mode: ``"sparse"`` (grouped per expert, the default) or ``"dense"`` (every expert, masked).
+        forced: ``None`` (the gates decide), a slot for every token, a ``(batch,)`` slot per sequence,
+            or a ``(batch, seq)`` slot per token; set it with :meth:`force_routing`.
+    """
+
+    def __init__(self, model: nn.Module, experts: Mapping[str, list[tuple[torch.Tensor, torch.Tensor]]],
+                 spec: ComposeSpec, adapter_names: list[str]) -> None:
+        super().__init__()
+        if spec.top_k < 1 or spec.top_k > len(adapter_names) + 1:
+            raise ComposeError(f"top_k={spec.top_k} must be between 1 and K + 1 = {len(adapter_names) + 1}")
+        self.model = model
+        self.spec = spec
+        self.adapter_names = list(adapter_names)
+        self.num_experts = len(adapter_names)
+        self.top_k = spec.top_k
+        self.mode = "sparse"
+        self.forced: int | torch.Tensor | None = None
+        self.keep_logits = False
+        self.keep_choices = False
+        for p in model.parameters():
+            p.requires_grad_(False)
+        blocks = _decoder_layers(model)
+        hidden = model.config.hidden_size
+        dtype = next(model.parameters()).dtype
+        self.gates = nn.ModuleList(nn.Linear(hidden, self.num_experts + 1, bias=True, dtype=dtype)
+                                   for _ in blocks)
+        self.reset_gates(spec.base_bias)
+        self.routers = [BlockRouter(g, i, self) for i, g in enumerate(self.gates)]
+        self._hooks = []
+        for i, block in enumerate(blocks):
+            self._hooks.append(block.register_forward_pre_hook(self._make_hook(self.routers[i]), with_kwargs=True))
+        for name, pairs in experts.items():
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            base_linear = getattr(parent, attr)
+            if not isinstance(base_linear, nn.Linear):
+                raise ComposeError(f"{name} is a {type(base_linear).__name__}; only Linear projections can be routed")
+            setattr(parent, attr, RoutedLoRALinear(base_linear, pairs, self.routers[block_of(name)]))
+
+    @staticmethod
+    def _make_hook(router: BlockRouter):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            router.route(hidden)
+        return hook
+
+    # ------------------------------------------------------------------ construction and persistence
+    @classmethod
+    def build(cls, base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], top_k: int = 1,
+              base_bias: float = 5.0, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "ComposedModel":
+        """A composed model with fresh gates (it starts as the base model).
+
+        Args:
+            base: the base model folder the adapters were trained on.
+            adapters: K PEFT LoRA adapter folders (or ``name=folder`` strings, or a ``{name: folder}`` dict).
+            top_k: slots per token (1, 2 or 4 in the paper's ablation).
+            base_bias: initial bias of the base slot (5.0 → p_base ≈ 0.97 with near-zero gate weights).
+            dtype, device: of the loaded model.
+        """
+        from transformers import AutoModelForCausalLM
+
+        base = Path(base)
+        if not (base / "config.json").is_file():
+            raise ComposeError(f"{base} is not a model folder (no config.json)")
+        refs = resolve_adapters(adapters)
+        base_digest = folder_digest(base)
+        check_same_base(base, base_digest, refs)
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
+        plain, experts = extract_experts(model, refs)
+        spec = ComposeSpec(base=str(base.resolve()), base_sha256=base_digest, adapters=[r.as_json() for r in refs],
+                           target_modules=sorted({n.rpartition(".")[2] for n in experts}), top_k=top_k,
+                           base_bias=base_bias)
+        return cls(plain, experts, spec, [r.name for r in refs]).to(device).eval()
+
+    def save_pretrained(self, out: str | Path, tokenizer: Any = None) -> Path:
+        """Write ``compose.json`` (base and adapters by path and SHA-256), the gates, and the tokenizer."""
+        from safetensors.torch import save_file
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({f"gates.{i}.{k}": v.detach().cpu().contiguous() for i, g in enumerate(self.gates)
+                   for k, v in g.state_dict().items()}, str(out / GATES_FILE))
+        spec = self.spec.as_json()
+        spec["top_k"] = self.top_k
+        spec["gate_parameters"] = self.gate_parameter_count()
+        (out / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.spec.base)
+        tokenizer.save_pretrained(out)
+        if getattr(self.model, "generation_config", None) is not None:
+            self.model.generation_config.save_pretrained(out)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                        check_hashes: bool = True, top_k: int | None = None) -> "ComposedModel":
+        """Load a composed folder: the base and adapters it references (hash-checked), then its gates.
+
+        Args:
+            path: a folder holding ``compose.json`` and ``gates.safetensors``.
+            check_hashes: refuse a base or adapter whose files changed since composing (recommended).
+            top_k: override the saved top-k (e.g. to evaluate a top-1-trained router at top-2).
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        spec_file = path / COMPOSE_FILE
+        if not spec_file.is_file():
+            raise ComposeError(f"{path} is not a composed model folder (no {COMPOSE_FILE}); write one with "
+                               "`trace compose` or ComposedModel.save_pretrained")
+        raw = json.loads(spec_file.read_text())
+        if raw.get("format") != "trace-compose" or raw.get("version", 0) > FORMAT_VERSION:
+            raise ComposeError(f"{spec_file}: not a compose.json this version of TRACE reads "
+                               f"(format {raw.get('format')!r}, version {raw.get('version')!r})")
+        for what, folder, digest in [("base", raw["base"], raw["base_sha256"])] + [
+                (f"adapter {a['name']!r}", a["path"], a["sha256"]) for a in raw["adapters"]]:
+            if not Path(folder).is_dir():
+                raise ComposeError(f"{path}: its {what} {folder} is missing; restore it or compose again")
+            if check_hashes and folder_digest(folder) != digest:
+                raise ComposeError(f"{path}: the {what} at {folder} changed since composing (SHA-256 differs); "
+                                   "compose again, or load with check_hashes=False at your own risk")
+        model = cls.build(raw["base"], {a["name"]: a["path"] for a in raw["adapters"]},
+                          top_k=top_k or raw["top_k"], base_bias=raw["base_bias"], dtype=dtype, device=device)
+        model.spec.training = raw.get("training")
+        model.spec.routing = raw.get("routing", "token")
+        state = load_file(str(path / GATES_FILE))
+        expected = {f"gates.{i}.{k}" for i, g in enumerate(model.gates) for k in g.state_dict()}
+        if set(state) != expected:
+            raise ComposeError(f"{path / GATES_FILE} holds gates for another model ({len(state)} tensors, "
+                               f"{len(expected)} expected)")
+        with torch.no_grad():
+            for i, g in enumerate(model.gates):
+                g.weight.copy_(state[f"gates.{i}.weight"])
+                g.bias.copy_(state[f"gates.{i}.bias"])
+        model.config._name_or_path = str(path)
+        return model
+
+    # ------------------------------------------------------------------ use
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        return self.model.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if name == "model" or "model" not in modules:
+                raise
+            return getattr(modules["model"], name)
+
+    def reset_gates(self, base_bias: float = 5.0, std: float = 1e-3, seed: int = 0) -> None:
+        """Near-zero gate weights and a base-slot bias of ``base_bias``: every token starts on the base."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for g in self.gates:
+                g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * std)
+                g.bias.zero_()
+                g.bias[0] = base_bias
+
+    def gate_parameters(self) -> list[nn.Parameter]:
+        return [p for g in self.gates for p in g.parameters()]
+
+    def gate_parameter_count(self) -> int:
+        return sum(p.numel() for p in self.gate_parameters())
+
+    def train(self, mode: bool = True) -> "ComposedModel":
+        """Train mode for the gates only: the frozen base keeps eval behaviour (no dropout)."""
+        super().train(mode)
+        self.model.eval()
+        return self
+
+    @contextlib.contextmanager
+    def force_routing(self, slots: int | torch.Tensor | Iterable[int] | None) -> Iterator[None]:
+        """Route as told instead of by the gates, with weight 1 (slot k = exactly base + adapter k).
+
+        ``slots``: one slot for all tokens, a ``(batch,)`` tensor (per sequence, also while generating)
+        or a ``(batch, seq)`` tensor (per token); ``None`` gives the decision back to the gates.
+        """
+        if slots is not None and not isinstance(slots, (int, torch.Tensor)):
+            slots = torch.tensor(list(slots), dtype=torch.long)
+        if isinstance(slots, torch.Tensor) and (slots.min() < 0 or slots.max() > self.num_experts):
+            raise ComposeError(f"forced slots must be in 0..{self.num_experts}")
+        if isinstance(slots, int) and not 0 <= slots <= self.num_experts:
+            raise ComposeError(f"forced slot {slots} is not in 0..{self.num_experts}")
+        previous, self.forced = self.forced, slots
+        try:
+            yield
+        finally:
+            self.forced = previous
+
+    @contextlib.contextmanager
+    def recording(self, logits: bool = False, choices: bool = True) -> Iterator[list[BlockRouter]]:
+        """Keep each block's gate logits (for losses) and/or top-1 choices (for routing statistics)."""
+        prev = self.keep_logits, self.keep_choices
+        self.keep_logits, self.keep_choices = logits, choices
+        try:
+            yield self.routers
+        finally:
+            self.keep_logits, self.keep_choices = prev
+            for r in self.routers:
+                r.logits = r.choice = None
+
+    def slot_names(self) -> list[str]:
+        return ["base"] + self.adapter_names
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ComposeError(f"{type(model).__name__} has no model.layers; the composer supports decoder-only "
+                           "transformers laid out like Qwen3 / Llama (model.model.layers)")
+    return layers
+
+
+def is_composed_dir(path: str | Path) -> bool:
+    """True for a folder written by ``trace compose`` (it holds ``compose.json``)."""
+    return (Path(path) / COMPOSE_FILE).is_file()
+
+
+__all__ = ["ComposedModel", "ComposeSpec", "RoutedLoRALinear", "BlockRouter", "Dispatch", "AdapterRef",
+           "is_composed_dir", "COMPOSE_FILE"]
