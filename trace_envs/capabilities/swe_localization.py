@@ -14,7 +14,7 @@ from trace_envs.core import ToolError, TraceEnv, tool
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.swe.envs import bugged_files, load_repo, resolve_repos
 from trace_envs.swe.mutations import FUNCTION_LEVEL
-from trace_envs.swe.read_tools import RepoReadTools
+from trace_envs.swe.read_tools import RepoReadTools, grep_lines
 from trace_envs.swe.tasks import load_instances
 
 
@@ -130,17 +130,10 @@ class SweLocalizationEnv(RepoReadTools, TraceEnv):
         return "\n".join(sorted(entries))
 
     def _grep(self, pattern: str, rel: str, limit: int) -> str:
-        rx = re.compile(pattern)
-        hits = []
-        for f in sorted(self.files):
-            if not f.endswith(".py") or not (rel == "." or f == rel or f.startswith(rel + "/")):
-                continue
-            for i, line in enumerate(self.files[f].splitlines(), 1):
-                if rx.search(line):
-                    hits.append(f"{f}:{i}:{line}")
-                    if len(hits) >= limit:
-                        return "\n".join(hits)
-        return "\n".join(hits)
+        # grep_lines bounds the time a pattern may take (a backtracking regex must not hang the step)
+        chosen = (f for f in sorted(self.files)
+                  if f.endswith(".py") and (rel == "." or f == rel or f.startswith(rel + "/")))
+        return grep_lines(pattern, ((f, self.files[f]) for f in chosen), limit)
 
     @tool(write=True)
     def submit_location(self, file: str, function: str) -> str:

@@ -6,17 +6,62 @@ serves the same bugged tree from memory. Both must offer the agent the same ``li
 tools, their docstrings (which are their schemas) and their output format are written once here.
 Each environment supplies the storage through three small hooks: :meth:`_read`, :meth:`_list`
 and :meth:`_grep`.
+
+No tool may run unbounded, and a regular expression from the agent is the one input here that could
+(``(a|aa)+$`` backtracks exponentially in Python's ``re``, and ``re`` cannot be interrupted: it holds
+the GIL and ignores signals while it matches). :func:`grep_lines` therefore matches with the
+``regex`` package, whose matcher takes a ``timeout``, and gives every ``search`` call one time budget
+(:data:`SEARCH_TIME_LIMIT_S`) for all its lines; a call that spends it ends with an error the agent can
+act on. (The Docker sandbox runs ``grep -E``, an automaton-based matcher bounded by the sandbox's
+command timeout.)
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import time
+from typing import Iterable
+
+import regex
 
 from trace_envs.core import ToolError, tool
 
 #: Most lines ``search`` returns.
 MAX_SEARCH_HITS = 200
+#: Seconds one ``search`` call may spend matching, over all the lines it reads.
+SEARCH_TIME_LIMIT_S = 2.0
+
+
+def grep_lines(pattern: str, files: Iterable[tuple[str, str]], limit: int,
+               time_limit: float = SEARCH_TIME_LIMIT_S) -> str:
+    """``file:line:text`` for each line of ``files`` (``(path, text)`` pairs) that ``pattern`` matches.
+
+    Stops after ``limit`` hits. Matching is bounded: past ``time_limit`` seconds in total it raises a
+    :class:`ToolError` that says why, instead of running for as long as the pattern backtracks.
+    """
+    try:
+        rx = regex.compile(pattern)
+    except regex.error as exc:
+        raise ToolError(f"invalid regular expression: {exc}") from exc
+    deadline = time.monotonic() + time_limit
+    hits: list[str] = []
+    for path, text in files:
+        for i, line in enumerate(text.splitlines(), 1):
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                found = rx.search(line, timeout=left)
+            except TimeoutError:
+                raise ToolError(f"the search stopped after {time_limit:g} s without finishing (at {path}:{i}, "
+                                f"{len(hits)} matches so far): the pattern backtracks too much. Use a simpler "
+                                "pattern, without nested repetition such as (a+)+ or (a|aa)*.") from None
+            if found:
+                hits.append(f"{path}:{i}:{line}")
+                if len(hits) >= limit:
+                    return "\n".join(hits)
+    return "\n".join(hits)
 
 
 class RepoReadTools:
@@ -85,4 +130,4 @@ class RepoReadTools:
         return self._grep(pattern, self._path(path), MAX_SEARCH_HITS).rstrip("\n") or "(no matches)"
 
 
-__all__ = ["RepoReadTools", "MAX_SEARCH_HITS"]
+__all__ = ["RepoReadTools", "MAX_SEARCH_HITS", "SEARCH_TIME_LIMIT_S", "grep_lines"]
