@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -108,6 +109,36 @@ class _Episode:
         self.steps, self.reward, self.done, self.truncated = 0, 0.0, False, False
         self.agent_s = self.env_s = 0.0
         self.agent_errors = 0
+
+
+def jsonl_line(record: dict) -> bytes:
+    """One trajectory record as a JSON Lines line (UTF-8, ending in a newline); works for any record.
+
+    The envs keep their transcripts valid Unicode, but a record also carries what agents and hooks put
+    in it. Text that UTF-8 cannot encode (a lone surrogate) is written as a JSON ``\\uXXXX`` escape
+    instead, which reads back to exactly the same string; non-finite floats become ``null`` (the file
+    stays strict JSON for any reader), and keys and objects JSON has no type for are written as their ``str``.
+    """
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str, allow_nan=False)
+    except (ValueError, TypeError):  # NaN / Infinity (e.g. in a reward breakdown), or a non-string key
+        text = json.dumps(_jsonable(record), ensure_ascii=False, default=str)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        data = json.dumps(json.loads(text), ensure_ascii=True).encode("ascii")
+    return data + b"\n"
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with NaN / Infinity floats replaced by None and every dict key made a string."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def _is_agent_error(action: Any) -> bool:
@@ -256,7 +287,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             nonlocal ran
             record = _record(ep, name)
             if sink is not None:
-                sink.write((json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
+                sink.write(jsonl_line(record))
                 sink.flush()
                 os.fsync(sink.fileno())
             if keep_records:
