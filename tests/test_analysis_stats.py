@@ -31,10 +31,12 @@ def test_thresholds_are_inclusive_and_configurable():
     # LF=1 PF=4 -> ER- = 0.2 ; LP=1 PP=4 -> ER+ = 0.2 ; delta 0
     assert s.delta == pytest.approx(0.0) and not s.passed
     labels2 = [L, P, P, P, P] + [P] * 5
-    s2 = run_stats(labels2, success, Thresholds())
+    one = Thresholds(min_lacking_failures=1)  # a single LACKING failure: below the default minimum evidence
+    s2 = run_stats(labels2, success, one)
     assert s2.delta == pytest.approx(0.2) and s2.coverage == pytest.approx(0.2) and s2.passed  # exactly at 0.20
-    assert not run_stats(labels2, success, Thresholds(min_delta=0.25)).passed
-    assert not run_stats(labels2, success, Thresholds(min_coverage=0.3)).passed
+    assert not run_stats(labels2, success, Thresholds()).passed
+    assert not run_stats(labels2, success, Thresholds(min_delta=0.25, min_lacking_failures=1)).passed
+    assert not run_stats(labels2, success, Thresholds(min_coverage=0.3, min_lacking_failures=1)).passed
 
 
 def test_no_failures():
@@ -75,7 +77,7 @@ def test_k_of_r_stability_and_sorting():
     # c1 passes in 8 of 10 runs -> retained; c2 in 7 of 10 -> not
     c1 = [strong] * 8 + [fails] * 2
     c2 = [weak] * 7 + [fails] * 3
-    scores = contrastive_scores({"c2": c2, "c1": c1}, success, Thresholds(bootstrap=0))
+    scores = contrastive_scores({"c2": c2, "c1": c1}, success, Thresholds(bootstrap=0, min_lacking_failures=1))
     assert [s.name for s in scores] == ["c1", "c2"]     # sorted by mean delta
     by = {s.name: s for s in scores}
     assert by["c1"].runs_passed == 8 and by["c1"].runs_needed == 8 and by["c1"].retained
@@ -108,3 +110,43 @@ def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError):
         Thresholds(min_coverage=1.5)
     assert math.isclose(Thresholds().min_delta, 0.2)
+
+
+def test_minimum_evidence_one_failure_out_of_forty():
+    """One LACKING failure among 40 trajectories gives Δ = 1.00 and a degenerate interval: not evidence."""
+    success = [False] + [True] * 39
+    labels = [L] + [P] * 39
+    [thin] = contrastive_scores({"c": [labels]}, success, Thresholds(bootstrap=300))
+    assert thin.mean_delta == 1.0 and thin.runs[0].LF == 1
+    assert not thin.retained and any("minimum evidence of 3" in n for n in thin.notes)
+    [old] = contrastive_scores({"c": [labels]}, success, Thresholds(bootstrap=300, min_lacking_failures=1))
+    assert old.retained  # the rule off: the paper's thresholds alone retain it
+    # the boundary is inclusive, and every run is held to it
+    success = [False] * 3 + [True] * 37
+    assert contrastive_scores({"c": [[L] * 3 + [P] * 37]}, success, Thresholds(bootstrap=0))[0].retained
+    assert not contrastive_scores({"c": [[L] * 3 + [P] * 37]}, success,
+                                  Thresholds(bootstrap=0, min_lacking_failures=4))[0].retained
+    with pytest.raises(ValueError, match="min_lacking_failures"):
+        Thresholds(min_lacking_failures=0)
+
+
+def test_explain_away_by_hand():
+    """a explains 6 of 10 failures; b the other 4, and is PRESENT on a's, which dilutes it.
+
+    Paper's rule: Δ(b) = ER⁻ 4/10 − ER⁺ 5/20 = 0.15 < 0.20: lost. Explain-away: after a, the pool holds
+    b's 4 failures (all LACKING): Δ(b) = 1.0 − 0.25 = 0.75, coverage 1.0: retained.
+    """
+    success = [False] * 10 + [True] * 20
+    a = [L] * 6 + [P] * 4 + [P] * 20
+    b = [P] * 6 + [L] * 4 + [L] * 5 + [P] * 15
+    paper = {s.name: s for s in contrastive_scores({"a": [a], "b": [b]}, success, Thresholds(bootstrap=0))}
+    assert paper["a"].retained and paper["b"].mean_delta == pytest.approx(0.4 - 0.25) and not paper["b"].retained
+    ea = contrastive_scores({"a": [a], "b": [b]}, success, Thresholds(bootstrap=0, explain_away=True))
+    assert [s.name for s in ea] == ["a", "b"] and all(s.retained for s in ea)
+    assert (ea[0].round, ea[0].pool_failed) == (0, 10) and (ea[1].round, ea[1].pool_failed) == (1, 4)
+    assert ea[1].mean_delta == pytest.approx(1.0 - 0.25) and ea[1].mean_coverage == pytest.approx(1.0)
+    # a capability that explains nothing new is not retained in a later round
+    c = list(a)
+    ea3 = {s.name: s for s in contrastive_scores({"a": [a], "b": [b], "c": [c]}, success,
+                                                 Thresholds(bootstrap=0, explain_away=True))}
+    assert sum(s.retained for s in ea3.values()) == 2 and ea3["b"].retained

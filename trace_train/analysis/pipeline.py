@@ -97,6 +97,44 @@ def _majority(labels: list[str | None]) -> str | None:
     return next(lab for lab in (PRESENT, LACKING, NA) if counts.get(lab) == best)
 
 
+def unattributed_failures(records: list[dict], ids: list[str], success: list[bool], cap_entries: list[dict],
+                          retained: list[str], examples: int = 5) -> dict:
+    """The failures no retained capability explains, so a user sees how much of the failing the diagnosis covers.
+
+    A failure is *attributed* when some retained capability labels it LACKING (majority over the
+    runs). Of the rest, ``no_lacking_label`` counts those that no capability at all labels LACKING
+    (random failures, or a deficit outside the dictionary); each example names the trajectory, its
+    outcome and the LACKING labels it has, if any.
+    """
+    by_name = {c["name"]: c for c in cap_entries}
+    failed = [i for i, ok in enumerate(success) if not ok]
+    lacking = {i: [c["name"] for c in cap_entries if c["labels"].get(ids[i]) == LACKING] for i in failed}
+    left = [i for i in failed if not set(lacking[i]) & set(retained)]
+    out = {
+        "count": len(left),
+        "failed": len(failed),
+        "share": len(left) / len(failed) if failed else None,
+        "no_lacking_label": sum(1 for i in left if not lacking[i]),
+        "examples": [],
+    }
+    for i in left[:examples]:
+        r = records[i]
+        out["examples"].append({
+            "trajectory": ids[i], "env_id": r.get("env_id"), "seed": r.get("seed"), "reward": r.get("reward"),
+            "termination": r.get("termination"), "lacking": lacking[i],
+            "evidence": {n: (by_name[n].get("offline_evidence") or {}).get(ids[i], "") for n in lacking[i]},
+            "last_agent_message": _last_agent_text(r)})
+    return out
+
+
+def _last_agent_text(record: dict, limit: int = 200) -> str:
+    for m in reversed(record.get("messages") or []):
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"].strip():
+            text = " ".join(m["content"].split())
+            return text if len(text) <= limit else text[: limit - 3] + "..."
+    return ""
+
+
 def offline_labels(records: list[dict], labeler: OfflineLabeler | None = None
                    ) -> tuple[list[CapabilityDef], dict[str, list[Verdict]]]:
     """The offline labeler's verdicts for the built-in capabilities that apply to ``records``."""
@@ -204,6 +242,7 @@ def diagnose(source: str | Path, out: str | Path | None = None, *, llm: LLMConfi
             "coverage": s.mean_coverage, "delta_ci": s.to_dict()["delta_ci"],
             "coverage_ci": s.to_dict()["coverage_ci"], "runs_passed": s.runs_passed, "runs": len(s.runs),
             "runs_needed": s.runs_needed, "per_run": [asdict(r) for r in s.runs], "notes": s.notes,
+            "round": s.round, "pool_failed": s.pool_failed,
             "labels": {ids[i]: _majority(per_traj[i]) for i in range(len(records))},
         }
         if runs > 1:
@@ -211,6 +250,8 @@ def diagnose(source: str | Path, out: str | Path | None = None, *, llm: LLMConfi
         if reasons.get(s.name):
             entry["offline_evidence"] = reasons[s.name]
         cap_entries.append(entry)
+
+    unattributed = unattributed_failures(records, ids, success, cap_entries, retained)
 
     data = {
         "format_version": FORMAT_VERSION,
@@ -227,6 +268,7 @@ def diagnose(source: str | Path, out: str | Path | None = None, *, llm: LLMConfi
                           "success": success[i], "reward": r.get("reward")} for i, r in enumerate(records)],
         "capabilities": cap_entries,
         "retained": retained,
+        "unattributed": unattributed,
         "notes": notes,
     }
     if cross is not None:

@@ -149,22 +149,43 @@ def write_report(data: dict, path: Path, figure: Path | None, specs: list[Path])
         f"{', '.join(f'`{a}` ({n})' for a, n in s['agents'].items())}.",
         "",
         f"Labeler: **{data['labeler']}**, {data['runs']} labelling run(s). A capability is retained when "
-        f"Δ ≥ {th['min_delta']:.2f} and coverage ≥ {th['min_coverage']:.2f} in at least "
-        f"{data['capabilities'][0]['runs_needed'] if data['capabilities'] else '?'} of {data['runs']} run(s). "
-        f"Intervals: {th['confidence']:.0%} bootstrap over trajectories ({th['bootstrap']} resamples).",
+        f"Δ ≥ {th['min_delta']:.2f}, coverage ≥ {th['min_coverage']:.2f} and at least "
+        f"{th.get('min_lacking_failures', 1)} failed trajectories labelled LACKING (minimum evidence) in at least "
+        f"{data['capabilities'][0]['runs_needed'] if data['capabilities'] else '?'} of {data['runs']} run(s)"
+        + ("; **explain-away**: retained one at a time, each later one scored on the failures the earlier ones "
+           "do not explain" if th.get("explain_away") else " (the paper's rule)")
+        + f". Intervals: {th['confidence']:.0%} bootstrap over trajectories ({th['bootstrap']} resamples).",
         "",
         f"**Retained ({len(data['retained'])}):** " + (", ".join(f"`{n}`" for n in data["retained"]) or "none"),
+    ]
+    un = data.get("unattributed")
+    if un and un["failed"]:
+        lines += ["", f"**Unattributed failures: {un['count']} of {un['failed']} ({un['share']:.0%})** — failed "
+                      f"trajectories no retained capability labels LACKING; {un['no_lacking_label']} of them carry "
+                      f"no LACKING label at all."]
+    explain = bool(th.get("explain_away"))
+    lines += [
         "",
-        "| capability | retained | Δ [CI] | coverage [CI] | ER⁻ | ER⁺ | runs passed | LF | PF | LP | PP | NA |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| capability | retained | Δ [CI] | coverage [CI] | ER⁻ | ER⁺ | runs passed | LF (min " +
+        f"{th.get('min_lacking_failures', 1)}) | PF | LP | PP | NA |" + (" round (failures in pool) |" if explain else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if explain else ""),
     ]
     for c in data["capabilities"]:
         r0 = c["per_run"][0]
+        thin = "" if r0["LF"] >= th.get("min_lacking_failures", 1) else " (too few)"
         lines.append(f"| `{c['name']}` | {'yes' if c['retained'] else 'no'} | {_fmt(c['delta'])}{_ci(c['delta_ci'])} | "
                      f"{_fmt(c['coverage'])}{_ci(c['coverage_ci'])} | {_fmt(c['ER_minus'])} | {_fmt(c['ER_plus'])} | "
-                     f"{c['runs_passed']}/{c['runs']} | {r0['LF']} | {r0['PF']} | {r0['LP']} | {r0['PP']} | {r0['NA']} |")
+                     f"{c['runs_passed']}/{c['runs']} | {r0['LF']}{thin} | {r0['PF']} | {r0['LP']} | {r0['PP']} | "
+                     f"{r0['NA']} |" + (f" {c.get('round')} ({c.get('pool_failed')}) |" if explain else ""))
     lines.append("")
     lines.append("(LF … NA: counts of the first run; Δ, coverage, ER: means over the runs.)")
+    if un and un["examples"]:
+        lines += ["", "## Unattributed failures", "",
+                  f"{un['count']} failed trajectories are not explained by a retained capability. First examples:", ""]
+        for ex in un["examples"]:
+            why = "; ".join(f"{n}: {e[:120]}" for n, e in ex["evidence"].items()) or "no LACKING label"
+            lines.append(f"- `{ex['trajectory']}` (reward {ex['reward']}, {ex['termination']}): {why}. "
+                         f"Last agent message: \"{ex['last_agent_message'][:160]}\"")
     if figure is not None:
         lines += ["", f"![capabilities]({figure.name})"]
     notes = list(data.get("notes", [])) + [f"`{c['name']}`: {n}" for c in data["capabilities"] for n in c["notes"]]

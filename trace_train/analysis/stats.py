@@ -8,9 +8,20 @@ For one labelling run and one capability ``c``, over the trajectories labelled L
 * ``ER⁺ = LP / (LP + PP)`` — how often it is lacking when the agent succeeds anyway;
 * ``Δ = ER⁻ − ER⁺``; ``coverage = LF / #failed`` (all failed trajectories, whatever their label).
 
-A run *passes* for ``c`` when ``Δ ≥ min_delta`` and ``coverage ≥ min_coverage``; ``c`` is *retained*
-when it passes in at least ``min_runs_passed`` of the ``R`` runs (8 of 10 by default, scaled as
-``ceil(0.8 R)`` for other ``R``). Capabilities are sorted by mean Δ over the runs.
+A run *passes* for ``c`` when ``Δ ≥ min_delta``, ``coverage ≥ min_coverage`` and at least
+``min_lacking_failures`` failed trajectories are labelled LACKING (the minimum-evidence rule: with a
+small sample one LACKING failure out of 40 gives Δ = 1.00 and a degenerate interval [1.00, 1.00],
+which is no evidence at all); ``c`` is *retained* when it passes in at least ``min_runs_passed`` of
+the ``R`` runs (8 of 10 by default, scaled as ``ceil(0.8 R)`` for other ``R``). Capabilities are
+sorted by mean Δ over the runs.
+
+Explain-away (``Thresholds.explain_away``, off by default; the default is the paper's rule). When
+several deficits each cause a share of the failures, the failures caused by the others are PRESENT
+failures for a capability and dilute its ER⁻: with four deficits at ~10% each the paper's rule loses
+one. Explain-away retains the strongest capability that passes, removes the failures it explains
+(labelled LACKING by it in a majority of runs), recomputes every remaining capability's statistics on
+the successes plus the unexplained failures, and repeats until none passes. Each retained
+capability's statistics are those of the round that retained it (``CapabilityScore.round``).
 
 Undefined quantities stay undefined (``None``), never 0: with no labelled failure ER⁻ is undefined,
 with no labelled success ER⁺ is undefined, and Δ is undefined when either is. A run whose Δ or
@@ -38,6 +49,10 @@ class Thresholds:
         min_coverage: a run passes only if LF / #failed is at least this.
         min_runs_fraction: the share of runs that must pass (0.8 = 8 of 10); used when ``min_runs_passed`` is None.
         min_runs_passed: an explicit number of runs that must pass (overrides ``min_runs_fraction``).
+        min_lacking_failures: minimum evidence: a run passes only if at least this many failed
+            trajectories are labelled LACKING (LF); 1 turns the rule off.
+        explain_away: retain iteratively, recomputing on the failures the retained capabilities do
+            not explain (see the module docstring); False is the paper's rule.
         bootstrap: bootstrap resamples for the confidence intervals (0 = none).
         confidence: the two-sided confidence level of the intervals.
         seed: the bootstrap's random seed.
@@ -47,6 +62,8 @@ class Thresholds:
     min_coverage: float = 0.10
     min_runs_fraction: float = 0.8
     min_runs_passed: int | None = None
+    min_lacking_failures: int = 3
+    explain_away: bool = False
     bootstrap: int = 1000
     confidence: float = 0.95
     seed: int = 0
@@ -60,6 +77,8 @@ class Thresholds:
             raise ValueError(f"min_runs_fraction must be in (0, 1], got {self.min_runs_fraction}")
         if self.min_runs_passed is not None and self.min_runs_passed < 1:
             raise ValueError(f"min_runs_passed must be >= 1, got {self.min_runs_passed}")
+        if self.min_lacking_failures < 1:
+            raise ValueError(f"min_lacking_failures must be >= 1 (1 = no minimum), got {self.min_lacking_failures}")
         if self.bootstrap < 0 or not 0.0 < self.confidence < 1.0:
             raise ValueError("bootstrap must be >= 0 and confidence in (0, 1)")
 
@@ -110,7 +129,7 @@ def run_stats(labels: Sequence[str | None], success: Sequence[bool], thresholds:
     delta = er_minus - er_plus if er_minus is not None and er_plus is not None else None
     coverage = lf / failed if failed else None
     passed = (delta is not None and coverage is not None and delta >= thresholds.min_delta - 1e-12
-              and coverage >= thresholds.min_coverage - 1e-12)
+              and coverage >= thresholds.min_coverage - 1e-12 and lf >= thresholds.min_lacking_failures)
     return RunStats(lf, pf, lp, pp, count["NA"], count["missing"], failed, succeeded, er_minus, er_plus, delta,
                     coverage, passed)
 
@@ -131,6 +150,8 @@ class CapabilityScore:
     delta_ci: tuple[float, float] | None = None
     coverage_ci: tuple[float, float] | None = None
     notes: list[str] = field(default_factory=list)
+    round: int | None = None  # explain-away: the round whose pool these statistics come from (0 = all)
+    pool_failed: int | None = None  # explain-away: failed trajectories in that round's pool
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -155,6 +176,13 @@ def contrastive_scores(labels: dict[str, list[list[str | None]]], success: Seque
     """
     th = thresholds or Thresholds()
     success = [bool(s) for s in success]
+    if th.explain_away:
+        return explain_away_scores(labels, success, th)
+    return _score_all(labels, success, th)
+
+
+def _score_all(labels: dict[str, list[list[str | None]]], success: list[bool], th: Thresholds
+               ) -> list[CapabilityScore]:
     out = []
     for name, runs in labels.items():
         if not runs:
@@ -172,6 +200,10 @@ def contrastive_scores(labels: dict[str, list[list[str | None]]], success: Seque
             score.notes.append("no successful trajectory: ER⁺ and Δ are undefined (nothing to contrast with)")
         if all(s.LF + s.PF + s.LP + s.PP == 0 for s in stats):
             score.notes.append("never labelled PRESENT or LACKING (all NA or missing)")
+        thin = [s.LF for s in stats if s.LF < th.min_lacking_failures]
+        if thin and any(s.delta is not None and s.delta >= th.min_delta - 1e-12 for s in stats):
+            score.notes.append(f"only {min(thin)} failed trajectory(ies) labelled LACKING in some run(s), below the "
+                               f"minimum evidence of {th.min_lacking_failures}: those runs do not pass")
         if th.bootstrap:
             score.delta_ci, score.coverage_ci = bootstrap_ci(runs, success, th)
         out.append(score)
@@ -215,3 +247,50 @@ def bootstrap_ci(runs: list[list[str | None]], success: Sequence[bool], th: Thre
         return round(float(lo), 6), round(float(hi), 6)
 
     return interval(deltas), interval(coverages)
+
+
+def _explained(runs: list[list[str | None]], i: int) -> bool:
+    """Whether trajectory ``i`` is labelled LACKING in a majority of the runs."""
+    return sum(run[i] == LACKING for run in runs) * 2 > len(runs)
+
+
+def explain_away_scores(labels: dict[str, list[list[str | None]]], success: Sequence[bool],
+                        thresholds: Thresholds | None = None) -> list[CapabilityScore]:
+    """Iterative retention: keep the strongest passing capability, explain its failures away, repeat.
+
+    Round 0 is the paper's rule over every trajectory. After each round the capability with the
+    highest mean Δ among those that pass is retained, the failures it labels LACKING (in a majority
+    of runs) leave the pool, and the capabilities not yet retained are scored again on the successes
+    plus the remaining failures. Stops when none passes. Returns the retained capabilities in the
+    order they were retained (each with the statistics of its round), then the others with the
+    statistics of the last round.
+    """
+    th = thresholds or Thresholds()
+    success = [bool(s) for s in success]
+    n = len(success)
+    active = list(range(n))
+    retained: list[CapabilityScore] = []
+    last: dict[str, CapabilityScore] = {}
+    remaining = dict(labels)
+    for rnd in range(len(labels) + 1):
+        sub = {name: [[run[i] for i in active] for run in runs] for name, runs in remaining.items()}
+        pool_success = [success[i] for i in active]
+        scores = _score_all(sub, pool_success, th) if sub else []
+        failed = pool_success.count(False)
+        for s in scores:
+            s.round, s.pool_failed = rnd, failed
+            if rnd:
+                s.notes.append(f"explain-away round {rnd}: scored on the {failed} failure(s) the capabilities "
+                               f"retained before it do not explain")
+            last[s.name] = s
+        best = next((s for s in scores if s.retained), None)
+        if best is None:
+            break
+        retained.append(best)
+        full = remaining.pop(best.name)
+        active = [i for i in active if success[i] or not _explained(full, i)]
+    others = [s for name, s in last.items() if name not in {r.name for r in retained}]
+    for s in others:
+        s.retained = False
+    others.sort(key=lambda s: (s.mean_delta is None, -(s.mean_delta or 0.0), s.name))
+    return retained + others

@@ -41,6 +41,11 @@ def register(subparsers) -> None:
     p.add_argument("--min-coverage", type=float, default=0.10, help="retention: minimum LF / #failed")
     p.add_argument("--min-runs-fraction", type=float, default=0.8, help="retention: share of runs that must pass")
     p.add_argument("--min-runs", type=int, default=None, help="retention: runs that must pass (overrides the fraction)")
+    p.add_argument("--min-lacking-failures", type=int, default=3, metavar="K",
+                   help="retention: minimum evidence, at least K failed trajectories labelled LACKING (1: off)")
+    p.add_argument("--explain-away", action="store_true",
+                   help="retain one capability at a time, scoring the next on the failures the retained ones do "
+                        "not explain (finds deficits that dilute each other; default: the paper's rule)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals (0: none)")
     p.add_argument("--no-figure", action="store_true", help="do not draw capabilities.png")
     p.set_defaults(func=cmd_diagnose)
@@ -54,6 +59,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     try:
         th = Thresholds(min_delta=args.min_delta, min_coverage=args.min_coverage,
                         min_runs_fraction=args.min_runs_fraction, min_runs_passed=args.min_runs,
+                        min_lacking_failures=args.min_lacking_failures, explain_away=args.explain_away,
                         bootstrap=args.bootstrap, seed=args.seed)
         llm = None
         if args.llm:
@@ -82,10 +88,20 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                           offline_runs=args.runs or 1, figure=not args.no_figure, progress=progress)
     except AnalysisError as exc:
         raise CommandError(str(exc)) from None
+    k = th.min_lacking_failures
     rows = [[s.name, "yes" if s.retained else "no", _f(s.mean_delta), _f(s.mean_coverage), _f(s.mean_er_minus),
-             _f(s.mean_er_plus), f"{s.runs_passed}/{len(s.runs)}"] for s in result.scores]
-    print(format_table(["capability", "retained", "delta", "coverage", "ER-", "ER+", "runs"], rows))
-    print(f"\nretained: {', '.join(result.retained) or 'none'}")
+             _f(s.mean_er_plus), f"{min(r.LF for r in s.runs)}" + ("" if min(r.LF for r in s.runs) >= k else " <"),
+             f"{s.runs_passed}/{len(s.runs)}"] + ([str(s.round)] if th.explain_away else [])
+            for s in result.scores]
+    print(format_table(["capability", "retained", "delta", "coverage", "ER-", "ER+", f"LF (min {k})", "runs"]
+                       + (["round"] if th.explain_away else []), rows))
+    print(f"\nretained: {', '.join(result.retained) or 'none'}"
+          + (" (explain-away)" if th.explain_away else ""))
+    un = result.data.get("unattributed") or {}
+    if un.get("failed"):
+        print(f"unattributed failures: {un['count']} of {un['failed']} ({un['share']:.0%}); "
+              f"{un['no_lacking_label']} with no LACKING label at all"
+              + (f"; e.g. {', '.join(e['trajectory'] for e in un['examples'][:3])}" if un["examples"] else ""))
     print(f"wrote {result.capabilities_json}, {result.report}"
           + (f", {result.figure}" if result.figure else "") + f" and {len(result.specs)} spec(s) in "
           f"{result.out / 'specs'}")
