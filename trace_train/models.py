@@ -426,6 +426,18 @@ class BootstrapConfig:
             trains. With ``none``, SFT slowly erodes the copying it relies on; with ``all``, the
             induction head cannot adapt to start a copy (measured on the airline target: the user id
             after "My user id is" came out wrong in every replayed episode).
+        mixture: the warm-up mixture: ``{env_id: share}`` adds, for each env, ``round(share * train_seeds)``
+            (at least 1) oracle episodes of that env to the target's (seeds from ``seed_offset`` too, so
+            evaluation seeds stay held out). A low share of a capability env's own episodes (e.g. 0.05)
+            makes a base that is *sometimes* right on that env, which GRPO needs (a group whose rollouts
+            all score 0 carries no signal; a base warmed up on the target alone scores ~0 on the τ²
+            capability envs, FACTS.md §8).
+        mixture_env_kwargs: ``gym.make`` kwargs of the mixture envs (e.g. ``{"difficulty": 1}``); the
+            ``prompt`` switch is added for envs that have one.
+        lora: train a LoRA adapter instead of the whole model (the base stays frozen): a mapping of
+            ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``).
+            The output folder then holds a PEFT adapter (``PeftModel.from_pretrained(base, out)``), not
+            a model; ``trace train --sft`` uses this.
     """
 
     target: str
@@ -449,6 +461,9 @@ class BootstrapConfig:
     pretrain_frac: float = 0.0
     freeze_circuit: str = "positional"
     max_seconds: float | None = None
+    mixture: dict = field(default_factory=dict)
+    mixture_env_kwargs: dict = field(default_factory=dict)
+    lora: dict | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -468,6 +483,10 @@ class BootstrapConfig:
         if self.prompt not in ("compact", "full"):
             raise ValueError(f"prompt must be 'compact' or 'full', got {self.prompt!r}")
         self.exclude_scenarios = tuple(self.exclude_scenarios)
+        for env_id, share in self.mixture.items():
+            if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
+                raise ValueError(f"mixture share of {env_id} must be a number > 0 (a share of train_seeds), "
+                                 f"got {share!r}")
 
 
 def scenario_of(env: Any) -> str | None:
@@ -1030,18 +1049,36 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     if not records:
         raise RuntimeError(f"no oracle trajectories of {cfg.target} left to train on (scenario counts: {counts}); "
                            "check --exclude-scenarios")
+    mixture_counts = {}
+    for env_id, share in sorted(cfg.mixture.items()):
+        n = max(1, round(share * cfg.train_seeds))
+        mix_kwargs = {**prompt_env_kwargs(env_id, cfg.prompt), **cfg.mixture_env_kwargs}
+        extra, _ = oracle_trajectories(env_id, range(cfg.seed_offset, cfg.seed_offset + n), env_kwargs=mix_kwargs)
+        records.extend(extra)
+        mixture_counts[env_id] = {"episodes": len(extra), "env_kwargs": mix_kwargs}
     rows, turns, truncated = sft_rows(tokenizer, records, cfg.max_length)
     if truncated:
         logger.warning("%d assistant turns did not fit in %d tokens and were left out; use compact prompts",
                        truncated, cfg.max_length)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(cfg.device)
     circuit = circuit_of(model_metadata(base))
-    if circuit is not None:
-        freeze_copy_circuit(model, circuit, cfg.freeze_circuit)
-    local_window = _banded_window(model, circuit, cfg.freeze_circuit, rows)
+    peft_model = None
+    if cfg.lora is not None:
+        # A LoRA on a frozen base: sft_loss runs the base model's modules, into which PEFT injected the
+        # adapters. No banded attention: the adapters may make the held layer attend beyond the band.
+        from peft import LoraConfig, get_peft_model
+
+        peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **cfg.lora))
+        model = peft_model.get_base_model()
+        local_window = None
+    else:
+        if circuit is not None:
+            freeze_copy_circuit(model, circuit, cfg.freeze_circuit)
+        local_window = _banded_window(model, circuit, cfg.freeze_circuit, rows)
     model.train()
     model.config.use_cache = False
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+                              weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     pad = tokenizer.pad_token_id
     prefix_len = shared_prefix_length(rows) if cfg.shared_prefix else 0
@@ -1103,12 +1140,15 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     model.eval()
     model.config.use_cache = True
 
-    key = hashlib.sha256(json.dumps({"cfg": asdict(cfg), "base": model_metadata(base).get("content_key", base)},
+    # Options left at their defaults stay out of the key, so folders cached before they existed still match.
+    keyed = {k: v for k, v in asdict(cfg).items() if not (k in ("mixture", "mixture_env_kwargs", "lora") and not v)}
+    key = hashlib.sha256(json.dumps({"cfg": keyed, "base": model_metadata(base).get("content_key", base)},
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"
     out.mkdir(parents=True, exist_ok=True)
-    model.to("cpu").save_pretrained(out)
-    model.to(cfg.device)
+    saved = peft_model if peft_model is not None else model
+    saved.to("cpu").save_pretrained(out)
+    saved.to(cfg.device)
     tokenizer.save_pretrained(out)
     meta = model_metadata(base)
     meta.pop("reset_options", None)
@@ -1120,9 +1160,11 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         "examples": len(rows), "train_seconds": train_s,
         "pretrain_steps": pretrain_steps, "frozen_circuit": cfg.freeze_circuit if circuit else None,
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "banded_window": local_window,
-        "scenario_counts": counts, "final_loss": losses[-1],
+        "scenario_counts": counts, "mixture": mixture_counts, "lora": cfg.lora, "final_loss": losses[-1],
         "seconds": time.perf_counter() - t0}})
-    (out / "trace_model.json").write_text(json.dumps(meta, indent=2, default=str))
+    # An adapter folder is not a model folder: its record gets its own name, so model_metadata() of it is {}.
+    (out / ("trace_adapter.json" if peft_model is not None else "trace_model.json")).write_text(
+        json.dumps(meta, indent=2, default=str))
     (out / "loss.json").write_text(json.dumps({"loss": losses}, indent=None))
     plot_loss(losses, out / "loss_curve.png", f"SFT warm-up on {cfg.target} ({len(rows)} episodes, {turns} turns)",
               pretrain_steps=pretrain_steps)

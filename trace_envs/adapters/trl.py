@@ -64,7 +64,7 @@ import logging
 import re
 import types
 import typing
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import gymnasium as gym
 
@@ -589,7 +589,8 @@ def _prompt_of(messages: list[dict]) -> list[dict]:
 
 
 def make_dataset(env_id: str | Sequence[str], seeds: int | Iterable[int], group_size: int = 1, *,
-                 env_kwargs: dict | None = None, options: dict | None = None, progress: bool = False):
+                 env_kwargs: dict | Callable[[str], dict] | None = None, options: dict | None = None,
+                 progress: bool = False):
     """Rows for GRPO on TRACE envs: a ``datasets.Dataset`` with ``prompt``, ``seed`` and ``environment``.
 
     ``prompt`` is conversational (a list of ``{"role", "content"}``): the env's system prompt (its
@@ -607,7 +608,8 @@ def make_dataset(env_id: str | Sequence[str], seeds: int | Iterable[int], group_
         seeds: the task seeds (an int ``n`` means ``range(n)``).
         group_size: copies of each row, consecutive (all with the same seed).
         env_kwargs: ``gym.make`` kwargs; written to an ``env_kwargs`` column (JSON) that ``reset``
-            applies on top of the factory's kwargs.
+            applies on top of the factory's kwargs. A function ``env_id -> dict`` gives each env its
+            own (several envs with different knobs in one dataset).
         options: reset options (e.g. ``{"prompt": "compact"}``), written to an ``options`` column (JSON).
         progress: show a progress bar.
     """
@@ -622,6 +624,7 @@ def make_dataset(env_id: str | Sequence[str], seeds: int | Iterable[int], group_
     if not seed_list:
         raise ValueError("make_dataset needs at least one seed")
     columns: dict[str, list] = {"prompt": [], "seed": [], "environment": []}
+    kwargs_of = env_kwargs if callable(env_kwargs) else (lambda _: env_kwargs or {})
     if env_kwargs:
         columns["env_kwargs"] = []
     if options:
@@ -633,7 +636,8 @@ def make_dataset(env_id: str | Sequence[str], seeds: int | Iterable[int], group_
         bar = tqdm(total=len(env_ids) * len(seed_list), desc="make_dataset", unit="row")
     for eid in env_ids:
         get_entry(eid)
-        env = gym.make(eid, **(env_kwargs or {}))
+        kwargs = dict(kwargs_of(eid) or {})
+        env = gym.make(eid, **kwargs)
         try:
             for seed in seed_list:
                 _, info = env.reset(seed=seed, options=options)
@@ -643,7 +647,7 @@ def make_dataset(env_id: str | Sequence[str], seeds: int | Iterable[int], group_
                     columns["seed"].append(seed)
                     columns["environment"].append(eid)
                     if env_kwargs:
-                        columns["env_kwargs"].append(json.dumps(env_kwargs, sort_keys=True))
+                        columns["env_kwargs"].append(json.dumps(kwargs, sort_keys=True))
                     if options:
                         columns["options"].append(json.dumps(options, sort_keys=True))
                 if bar is not None:
