@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "eval",
     "swe",
     "diagnose",
+    "train",
 ]
 
 #: Packages of this project: an ImportError naming one of them is a bug, never a missing extra.
