@@ -14,6 +14,7 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # sandbox of the generator's admission checks
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup_docker: installing ${need[*]}"
   $SUDO apt-get update -qq

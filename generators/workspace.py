@@ -1,0 +1,132 @@
+"""The workspace a generator writes admitted envs into (DESIGN.md, "Generated environments").
+
+Layout::
+
+    <workspace>/registry.yaml                         one entry per admitted env
+    <workspace>/envs/<capability>_v<N>.py             the module
+    <workspace>/envs/<capability>_v<N>.admission.json / .md   its admission report
+
+``registry.yaml`` is only ever appended to, under an exclusive lock (``registry.yaml.lock``), by
+writing the whole new file to a temporary file and renaming it over the old one, so a reader sees
+either the old or the new file and two generators never interleave. An existing id is never
+overwritten: a regenerated env gets the next ``-vN``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+#: Namespace of generated env ids (``gen/<capability>-v<N>``).
+NAMESPACE = "gen"
+
+
+class WorkspaceError(RuntimeError):
+    """The workspace cannot take the env (e.g. its id was taken meanwhile); the message says what to do."""
+
+
+class Workspace:
+    """A folder holding a workspace registry of generated envs."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).resolve()
+        self.registry = self.root / "registry.yaml"
+        self.envs = self.root / "envs"
+
+    def init(self) -> "Workspace":
+        self.envs.mkdir(parents=True, exist_ok=True)
+        if not self.registry.exists():
+            with self.lock():
+                if not self.registry.exists():
+                    self._replace("# TRACE workspace registry: generated envs, appended by `trace generate` "
+                                  "after admission.\n")
+        return self
+
+    @contextmanager
+    def lock(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "registry.yaml.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def ids(self) -> list[str]:
+        """Ids in this workspace's registry (read as text: no PyYAML import, no validation)."""
+        if not self.registry.exists():
+            return []
+        return re.findall(r"^- id: *['\"]?([^'\"\s]+)", self.registry.read_text(encoding="utf-8"), re.M)
+
+    def next_version(self, capability: str, taken: set[str] = frozenset()) -> int:
+        """The first N such that neither ``gen/<capability>-vN`` nor ``envs/<capability>_vN.py`` exists."""
+        used = set(self.ids()) | set(taken)
+        n = 0
+        while f"{NAMESPACE}/{capability}-v{n}" in used or (self.envs / f"{capability}_v{n}.py").exists():
+            n += 1
+        return n
+
+    @staticmethod
+    def env_id(capability: str, version: int) -> str:
+        return f"{NAMESPACE}/{capability}-v{version}"
+
+    def module_path(self, capability: str, version: int) -> Path:
+        return self.envs / f"{capability}_v{version}.py"
+
+    def install(self, source: str, registration: dict, *, capability: str, version: int, target: str,
+                origin: str, report=None) -> tuple[Path, Path | None, Path | None]:
+        """Write the module and its report, then append its entry to ``registry.yaml`` (locked, atomic).
+
+        Raises :class:`WorkspaceError` if the id or the module file exists already (nothing is overwritten).
+        """
+        self.init()
+        env_id = registration["id"]
+        module = self.module_path(capability, version)
+        with self.lock():
+            if env_id in self.ids():
+                raise WorkspaceError(f"{env_id} is already in {self.registry} (ids are never overwritten); "
+                                     "generate again to get the next -vN")
+            fd = os.open(module, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # refuse to replace a module
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(source)
+            report_json = report_md = None
+            if report is not None:
+                report_json, report_md = report.write(module.with_suffix(""))
+            entry = _entry_yaml(env_id=env_id, entry_point=f"envs.{module.stem}:{registration['class']}",
+                                capability=capability, target=target,
+                                max_episode_steps=registration["max_episode_steps"],
+                                kwargs=registration.get("kwargs") or {}, origin=origin,
+                                description=registration["description"])
+            text = self.registry.read_text(encoding="utf-8") if self.registry.exists() else ""
+            if text and not text.endswith("\n"):
+                text += "\n"
+            self._replace(text + entry)
+        return module, report_json, report_md
+
+    def _replace(self, text: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".registry.", suffix=".yaml", dir=self.root)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.registry)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _entry_yaml(**fields) -> str:
+    import json
+
+    # JSON scalars and flow mappings are valid YAML: no PyYAML needed to write an entry.
+    lines = [f"- id: {fields['env_id']}"]
+    for key in ("entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs", "origin",
+                "description"):
+        value = {"kind": "capability", "requires": []}.get(key, fields.get(key))
+        lines.append(f"  {key}: {json.dumps(value, ensure_ascii=False, sort_keys=True)}")
+    return "\n".join(lines) + "\n"
