@@ -245,7 +245,9 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
         return res.output
 
     def _grep(self, pattern: str, rel: str, limit: int) -> str:
-        res = self._sh(f"grep -rnE --include='*.py' -e {shlex.quote(pattern)} -- {shlex.quote(rel)} | head -{limit}")
+        # Sorted by file, then line: grep walks directories in their on-disk order, which differs between filesystems.
+        res = self._sh(f"grep -rnE --include='*.py' -e {shlex.quote(pattern)} -- {shlex.quote(rel)} "
+                       f"| sort -t: -k1,1 -k2,2n -s | head -{limit}")
         return res.output
 
     @tool(write=True)

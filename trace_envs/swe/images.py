@@ -6,10 +6,12 @@ loaded with ``docker import`` (FACTS.md §4). When a registry *is* reachable,
 ``build_base_image(from_registry="python:3.11-slim")`` builds it from that image instead.
 
 Each repository gets its own image on top of the base (SWE-smith: one image
-per repo, not per instance): the clean source tree at ``/testbed``, the
-repository's PyPI dependencies installed *on the host* with
-``pip install --target`` (containers have no network) and copied in, and the
-pytest report plugin. ``docker build`` of such a layer works offline because
+per repo, not per instance): the clean source tree at ``/opt/trace/clean``
+(root-owned; the sandbox copies it into its ``/testbed`` tmpfs at start, and the
+grader restores tests and configuration from it), the repository's PyPI
+dependencies installed *on the host* with ``pip install --target`` (containers
+have no network) and copied in, and the grader's in-sandbox files (report
+plugin, pytest launcher, tree restorer: :data:`HARNESS_FILES`). ``docker build`` of such a layer works offline because
 its ``FROM`` is a local image.
 
 Image tags carry a hash of their content, so a build is skipped when an image
@@ -39,6 +41,14 @@ BASE_REPO = "trace-swe-base"
 IMAGE_PYTHON = "3.11"
 LABEL = "org.trace.sandbox"
 PLUGIN_FILE = Path(__file__).with_name("pytest_report.py")
+#: Where a repository image keeps what the sandbox and grader use.
+IMAGE_LAYOUT = {"clean": "/opt/trace/clean", "deps": "/opt/trace/deps",
+                "plugin": "/opt/trace/lib/trace_pytest_report.py", "pytest_runner": "/opt/trace/bin/trace_pytest.py",
+                "tree_tool": "/opt/trace/bin/trace_tree.py"}
+#: The grader's files copied into each repository image: {source file: path in the image}.
+HARNESS_FILES = {PLUGIN_FILE: IMAGE_LAYOUT["plugin"],
+                 Path(__file__).with_name("sandbox_pytest.py"): IMAGE_LAYOUT["pytest_runner"],
+                 Path(__file__).with_name("sandbox_tree.py"): IMAGE_LAYOUT["tree_tool"]}
 
 
 def cache_dir() -> Path:
@@ -167,7 +177,7 @@ def install_dependencies(requirements: list[str], target: Path) -> None:
 
 def repo_image_tag(repo_key: str, content_hash: str, requirements: list[str]) -> str:
     recipe = {"base": base_image_tag(), "content": content_hash, "deps": sorted(requirements),
-              "plugin": hashlib.sha256(PLUGIN_FILE.read_bytes()).hexdigest(), "v": 1}
+              "harness": [hashlib.sha256(f.read_bytes()).hexdigest() for f in HARNESS_FILES], "v": 2}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in repo_key.lower())
     return f"trace-swe-repo-{safe}:{digest}"
@@ -175,7 +185,7 @@ def repo_image_tag(repo_key: str, content_hash: str, requirements: list[str]) ->
 
 def build_repo_image(repo_key: str, source_dir: Path, content_hash: str, requirements: list[str],
                      python_path: list[str], force: bool = False, verbose: bool = False) -> str:
-    """Build (or reuse) the image of one repository: base + clean tree at /testbed + dependencies + plugin."""
+    """Build (or reuse) the image of one repository: base + clean tree + dependencies + the grader's files."""
     client = docker_client()
     tag = repo_image_tag(repo_key, content_hash, requirements)
     if image_exists(client, tag) and not force:
@@ -187,17 +197,18 @@ def build_repo_image(repo_key: str, source_dir: Path, content_hash: str, require
         ctx = Path(ctx)
         shutil.copytree(source_dir, ctx / "testbed", ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
         install_dependencies(requirements, ctx / "deps")
-        (ctx / "lib").mkdir()
-        shutil.copy(PLUGIN_FILE, ctx / "lib" / "trace_pytest_report.py")
-        pypath = ["/opt/trace/lib", "/opt/trace/deps"] + [f"/testbed/{p}".rstrip("/.") or "/testbed"
-                                                         for p in python_path]
+        for source, target in HARNESS_FILES.items():
+            (ctx / "harness" / target.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, ctx / "harness" / target.lstrip("/"))
+        # PYTHONPATH is for the agent's own commands; the tests run through the launcher, which sets its own path.
+        pypath = ["/opt/trace/deps"] + [f"/testbed/{p}".rstrip("/.") or "/testbed" for p in python_path]
         (ctx / "Dockerfile").write_text(
             f"FROM {base}\n"
-            "COPY --chown=1000:1000 testbed /testbed\n"
-            "COPY deps /opt/trace/deps\n"
-            "COPY lib /opt/trace/lib\n"
-            f"ENV PYTHONPATH={':'.join(pypath)} PYTHONDONTWRITEBYTECODE=1 HOME=/tmp "
-            "TRACE_PYTEST_REPORT=/tmp/trace_pytest_report.json\n"
+            f"COPY testbed {IMAGE_LAYOUT['clean']}\n"
+            f"COPY deps {IMAGE_LAYOUT['deps']}\n"
+            "COPY harness/ /\n"
+            f"RUN chmod -R a+rX /opt/trace && mkdir -p /testbed /run/trace\n"
+            f"ENV PYTHONPATH={':'.join(pypath)} PYTHONDONTWRITEBYTECODE=1 HOME=/tmp\n"
             "WORKDIR /testbed\n")
         if verbose:
             print(f"docker build {tag}")

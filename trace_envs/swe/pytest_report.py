@@ -10,12 +10,18 @@ the run never reached (a crash, a timeout) is simply absent, and graders
 treat absent as failed.
 
 The report path comes from the ``TRACE_PYTEST_REPORT`` environment variable.
+The grader loads this file by its absolute path before the repository is on
+``sys.path`` (``sandbox_pytest.py``); the report file is opened, and what writes
+it is bound, when pytest configures, before any test module is imported.
 This file must import nothing but the standard library: it runs inside the
 sandbox's Python, not TRACE's.
 """
 
 import json
 import os
+
+_dumps = json.dumps
+_REPORT = {"fh": None}
 
 _STATUS = {}
 _COLLECT_ERRORS = []
@@ -41,11 +47,18 @@ def pytest_collectreport(report):
         _COLLECT_ERRORS.append(report.nodeid)
 
 
-def pytest_sessionfinish(session, exitstatus):
+def pytest_configure(config):
     path = os.environ.get("TRACE_PYTEST_REPORT")
-    if not path:
+    if path and _REPORT["fh"] is None:
+        _REPORT["fh"] = open(path, "w", encoding="utf-8")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    fh = _REPORT["fh"]
+    if fh is None:
         return
     # "pending" = setup passed but no call was ever reported: not a pass.
     statuses = {k: ("error" if v == "pending" else v) for k, v in _STATUS.items()}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"tests": statuses, "collect_errors": _COLLECT_ERRORS, "exitstatus": int(exitstatus)}, fh)
+    fh.write(_dumps({"tests": statuses, "collect_errors": _COLLECT_ERRORS, "exitstatus": int(exitstatus)}))
+    fh.close()
+    _REPORT["fh"] = None

@@ -60,8 +60,9 @@ class RepoSpec:
         test_paths: what pytest collects, relative to the root (default: found automatically).
         python_path: directories put on PYTHONPATH so the tests import the package ("src" or ".").
         requirements: PyPI requirements installed in the repo's image layer.
-        pytest_args: extra pytest arguments.
+        pytest_args: extra pytest arguments (e.g. ``--deselect tests/test_x.py::test_slow``).
         sha256: the sdist's hash (checked when set).
+        env: ``NAME=VALUE`` environment variables of the test process (e.g. a pure-Python switch).
     """
 
     key: str
@@ -71,6 +72,7 @@ class RepoSpec:
     requirements: tuple[str, ...] = ()
     pytest_args: tuple[str, ...] = ()
     sha256: str = ""
+    env: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -134,14 +136,37 @@ class Repo:
         return build_repo_image(self.spec.key, self.root, self.content_hash, list(self.spec.requirements),
                                 list(self.spec.python_path), verbose=verbose)
 
-    def pytest_command(self, tests: list[str] | None = None) -> str:
-        """The shell command that runs the tests and leaves the status report in $TRACE_PYTEST_REPORT."""
+    def pytest_command(self, tests: list[str] | None = None, harness=None, root: str = "/testbed") -> str:
+        """The shell command that runs the tests in a sandbox and leaves the status report in ``harness.report``.
+
+        The same command serves validation, the agent's ``run_tests`` and the grader. It starts from an empty
+        environment (``env -i``: nothing the agent exported, no ``PYTHONPATH``/``PYTEST_ADDOPTS``/
+        ``PYTEST_PLUGINS``) and runs pytest through the launcher (:mod:`trace_envs.swe.sandbox_pytest`), so
+        that no file in the repository can stand in for the report plugin, pytest or the standard library.
+        The repository's own (restored) conftests and ini file apply, as they did when the instance was
+        validated; ``--rootdir``/``--confcutdir`` pin the search to the repository, ``addopts`` is ignored.
+        """
         import shlex
 
+        from .sandbox import DOCKER_HARNESS
+
+        harness = harness or DOCKER_HARNESS
         targets = tests if tests else list(self.spec.test_paths)
-        args = ["python3", "-m", "pytest", "-p", "trace_pytest_report", "-p", "no:cacheprovider", "-q",
-                "--tb=short", "-o", "addopts=", *self.spec.pytest_args, *targets]
-        return "rm -f \"$TRACE_PYTEST_REPORT\"; COLUMNS=240 PYTHONHASHSEED=0 " + " ".join(shlex.quote(a) for a in args)
+        env = {"PATH": harness.path, "HOME": "/tmp", "LANG": "C.UTF-8", "COLUMNS": "240", "PYTHONHASHSEED": "0",
+               "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TRACE_PYTEST_REPORT": harness.report}
+        for item in self.spec.env:
+            name, _, value = item.partition("=")
+            env[name] = value
+        launcher = [harness.python, "-s", "-S", "-P", harness.pytest_runner, "--plugin", harness.plugin]
+        for directory in harness.trusted:
+            launcher += ["--trusted", directory]
+        for directory in self.spec.python_path:
+            launcher += ["--path", f"{root}/{directory}".rstrip("/.") or root]
+        args = ["--", "-q", "--tb=short", "-o", "addopts=", f"--rootdir={root}", f"--confcutdir={root}",
+                *self.spec.pytest_args, *targets]
+        return (f": >{shlex.quote(harness.report)}; env -i " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+                + " " + " ".join(shlex.quote(a) for a in launcher + args))
 
 
 def _read_tree(root: Path) -> dict[str, str]:

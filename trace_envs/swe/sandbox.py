@@ -2,19 +2,44 @@
 
 ``DockerSandbox`` is the default: one container per episode from the
 repository's image (see :mod:`trace_envs.swe.images`), started with no
-network, every capability dropped, ``no-new-privileges``, a non-root user and
-memory, CPU and pid limits. Commands go through one persistent ``bash``
-attached over the Docker API (a round trip costs well under a millisecond
-instead of ~60 ms per ``docker exec``); each command has a timeout (coreutils
-``timeout`` inside, a read deadline outside) and its output is capped. Files
-are streamed in as tar archives.
+network, every capability dropped, ``no-new-privileges``, a read-only root
+filesystem and memory, CPU and pid limits. Commands go through one persistent
+``bash`` attached over the Docker API (a round trip costs well under a
+millisecond instead of ~60 ms per ``docker exec``). Files are streamed in as tar archives.
 
-Every container carries the label ``org.trace.sandbox`` and the owner's pid;
-it is removed on ``close()``, at interpreter exit (``atexit``), on SIGTERM, SIGINT and
+What an agent's command can and cannot do to the sandbox (each point is tested in
+``tests/test_swe_sandbox_limits.py`` and ``tests/test_swe_adversarial.py``):
+
+* **Its own process group and time budget.** Each command runs under coreutils
+  ``timeout`` (its own process group, killed as a group at the deadline). Its output goes
+  to a file, not a pipe, so the command returns when *it* exits, not when every process that
+  inherited its stdout has closed it.
+* **No process outlives its command.** The container's init and main process run as root
+  (without capabilities); the persistent shell and every command run as uid 1000. When a
+  command returns, the shell sends ``kill -9 -1``: every other process of uid 1000 — a
+  daemon, a fork bomb, a watcher rewriting files — is gone before the next command (the kernel
+  delivers it to all of them at once, so a fork bomb cannot outrun it). Before grading,
+  :meth:`DockerSandbox.kill_user_processes` does the same from a fresh ``docker exec``, waits
+  until no process of the agent is left, and opens a new shell.
+* **Limits it can see.** A cgroup OOM kill is reported as ``killed: out of memory (limit N MB)``
+  (the memory cgroup's ``oom_kill`` counter, read before and after), a time-out as a time-out.
+  The root filesystem is read-only; the writable places are tmpfs mounts with a size — the
+  repository (``/testbed``), ``/tmp`` and ``/dev/shm`` — so a runaway write stops at its budget
+  (``--storage-opt size=`` does not work on overlay2 over extfs, FACTS.md §4) and the command's
+  output says ``disk budget exhausted: /tmp is full (512 MB)``. tmpfs pages count against the
+  memory limit, which is why the budgets are well below it.
+* **The harness's own files are out of reach.** Command output and the pytest report live in
+  ``/run/trace``, a tmpfs owned by root whose two files root creates (mode 666) at start:
+  the agent can write their content but cannot replace them with a FIFO or a symlink.
+
+Every container carries the label ``org.trace.run`` (set at ``docker run``, so a container
+someone else starts from a TRACE image never has it) with the owner's pid and that process's
+start time; it is removed on ``close()``, at interpreter exit (``atexit``), on SIGTERM, SIGINT and
 SIGHUP (chained in front of the handlers that were there: :func:`install_signal_cleanup`), and by
-``trace swe cleanup`` (:func:`cleanup_containers`). As a last resort the
-container's main process is ``sleep MAX_LIFETIME_S``, so a container whose
-owner was killed with SIGKILL exits by itself and the engine removes it.
+``trace swe cleanup`` (:func:`cleanup_containers`; ``--only-dead`` only when the owner process is
+gone or its pid now names another process). As a last resort the container's main process is
+``sleep MAX_LIFETIME_S``, so a container whose owner was killed with SIGKILL exits by itself and
+the engine removes it.
 
 ``LocalSandbox`` runs commands in a temporary directory with ``subprocess``
 (inside ``bwrap`` with no network when bubblewrap is installed). It offers no
@@ -37,6 +62,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -46,11 +72,19 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .images import LABEL, docker_client
+from .images import IMAGE_LAYOUT, LABEL, docker_client
 
 logger = logging.getLogger(__name__)
 
 WORKDIR = "/testbed"
+#: Set at ``docker run`` on every container TRACE starts: ``<owner pid>:<owner start time>``.
+RUN_LABEL = "org.trace.run"
+#: The harness's tmpfs (root-owned) and the two files in it the shell and the pytest plugin write.
+HARNESS_DIR = "/run/trace"
+OUTPUT_FILE = f"{HARNESS_DIR}/out"
+REPORT_FILE = f"{HARNESS_DIR}/report.json"
+#: The agent's writable places (tmpfs, each with a size): checked after every command for a full disk.
+WRITABLE_MOUNTS = (WORKDIR, "/tmp", "/dev/shm")
 #: A container whose owner vanished exits after this many seconds (and is auto-removed).
 MAX_LIFETIME_S = 3 * 3600
 DEFAULT_OUTPUT_CAP = 20_000
@@ -60,19 +94,63 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (container gone, shell died, engine unreachable) — not the agent's command."""
 
 
+class ShellExited(SandboxError):
+    """The persistent shell ended (a command may have killed it); the container may still be running."""
+
+
 class SandboxWriteError(RuntimeError):
     """Files could not be written although the sandbox works (e.g. the agent made a directory read-only)."""
 
 
 @dataclass
 class CommandResult:
-    """What one command produced. ``output`` is stdout and stderr interleaved, capped."""
+    """What one command produced. ``output`` is stdout and stderr interleaved, capped (its start and its end
+    are kept when it is longer than the cap), followed by a bracketed note for a time-out, an out-of-memory
+    kill or a full disk budget."""
 
     exit_code: int
     output: str
     timed_out: bool = False
     seconds: float = 0.0
     truncated: bool = False
+    #: the memory cgroup killed a process of this command
+    oom_killed: bool = False
+    #: writable mounts that were full when the command returned
+    disk_full: tuple[str, ...] = ()
+    #: wall time of the command itself, measured inside the sandbox (``seconds`` minus this: the harness's cost)
+    inner_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Harness:
+    """Where a sandbox keeps what the grader runs (see :mod:`trace_envs.swe.sandbox_pytest` / ``sandbox_tree``).
+
+    Attributes:
+        python: the interpreter that runs the tests.
+        plugin: the report plugin's file.
+        pytest_runner: the pytest launcher's file.
+        tree_tool: the tree restorer's file.
+        trusted: directories of installed dependencies (on ``sys.path`` before the repository).
+        report: the file the report plugin writes.
+        clean: the clean repository tree (read-only).
+        wipe: scratch directories emptied before grading.
+        path: ``PATH`` of the test process.
+    """
+
+    python: str
+    plugin: str
+    pytest_runner: str
+    tree_tool: str
+    trusted: tuple[str, ...]
+    report: str
+    clean: str
+    wipe: tuple[str, ...] = ()
+    path: str = "/usr/local/bin:/usr/bin:/bin"
+
+
+DOCKER_HARNESS = Harness(python="python3", plugin=IMAGE_LAYOUT["plugin"], pytest_runner=IMAGE_LAYOUT["pytest_runner"],
+                         tree_tool=IMAGE_LAYOUT["tree_tool"], trusted=(IMAGE_LAYOUT["deps"],), report=REPORT_FILE,
+                         clean=IMAGE_LAYOUT["clean"], wipe=("/tmp", "/dev/shm"))
 
 
 @dataclass
@@ -84,7 +162,11 @@ class SandboxLimits:
         cpus: CPU quota in cores.
         pids: maximum number of processes (a fork bomb stops here).
         nofile: open-file limit.
-        user: uid:gid the commands run as (not root).
+        user: uid:gid the commands run as (not root; the container's init runs as root without capabilities,
+            out of the commands' reach).
+        repo_disk: size of the repository's tmpfs (``/testbed``).
+        tmp_disk: size of ``/tmp``.
+        shm_disk: size of ``/dev/shm``.
     """
 
     memory: str = "2g"
@@ -92,6 +174,32 @@ class SandboxLimits:
     pids: int = 256
     nofile: int = 4096
     user: str = "1000:1000"
+    repo_disk: str = "256m"
+    tmp_disk: str = "512m"
+    shm_disk: str = "64m"
+
+    @property
+    def memory_mb(self) -> int:
+        return _size_mb(self.memory)
+
+
+def _size_mb(size: str) -> int:
+    """Docker's size syntax ("2g", "512m", "1048576") in MB."""
+    text = str(size).strip().lower()
+    units = {"k": 1 / 1024, "m": 1, "g": 1024}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(int(text) / (1024 * 1024))
+
+
+def process_token(pid: int) -> str | None:
+    """``pid:start_time`` of a live process (start time in clock ticks since boot), or None if it is gone.
+    The start time tells a process apart from a later one that got the same pid."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return f"{pid}:{stat_line.rpartition(')')[2].split()[19]}"
 
 
 def _tar_bytes(files: dict[str, bytes | str], uid: int = 1000) -> bytes:
@@ -110,6 +218,11 @@ class Sandbox:
 
     kind = "abstract"
     workdir = WORKDIR
+    harness: Harness
+
+    def kill_user_processes(self) -> None:
+        """End every process the agent's commands started (the grader calls this before it trusts the tree)."""
+        raise NotImplementedError
 
     def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
         raise NotImplementedError
@@ -245,7 +358,8 @@ class DockerSandbox(Sandbox):
         self._closed = False
         self.owner_pid = os.getpid()
         install_signal_cleanup()
-        all_labels = {LABEL: "1", "org.trace.pid": str(os.getpid()), **(labels or {})}
+        all_labels = {LABEL: "1", "org.trace.pid": str(os.getpid()), **(labels or {}),
+                      RUN_LABEL: process_token(os.getpid()) or f"{os.getpid()}:?"}
         lim = self.limits
         me = threading.get_ident()
         with _LIVE_LOCK:
@@ -254,9 +368,19 @@ class DockerSandbox(Sandbox):
             _STARTING.append(me)
         container = None
         try:
+            uid, _, gid = lim.user.partition(":")
+            # The main process (root, no capabilities) creates the harness's two files in its root-owned tmpfs,
+            # then sleeps: commands (uid 1000) can neither kill it nor replace those files.
+            main = (f"touch {OUTPUT_FILE} {REPORT_FILE} && chmod 666 {OUTPUT_FILE} {REPORT_FILE} && "
+                    f"exec sleep {MAX_LIFETIME_S}")
             container = self.client.containers.run(
-                image, ["sleep", str(MAX_LIFETIME_S)], detach=True, auto_remove=True, init=True,
-                network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], user=lim.user,
+                image, ["sh", "-c", main], detach=True, auto_remove=True, init=True,
+                network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], user="0:0",
+                read_only=True, tmpfs={
+                    WORKDIR: f"rw,exec,nosuid,nodev,size={lim.repo_disk},mode=755,uid={uid},gid={gid or uid}",
+                    "/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_disk},mode=1777",
+                    HARNESS_DIR: "rw,noexec,nosuid,nodev,size=64m,mode=755"},
+                shm_size=lim.shm_disk,
                 mem_limit=lim.memory, memswap_limit=lim.memory, nano_cpus=int(lim.cpus * 1e9),
                 pids_limit=lim.pids, labels=all_labels, working_dir=WORKDIR,
                 ulimits=[self._ulimit("nofile", lim.nofile)], name=f"trace-swe-{uuid.uuid4().hex[:12]}")
@@ -274,9 +398,19 @@ class DockerSandbox(Sandbox):
             raise SandboxError("not starting a sandbox: this process is shutting down")
         try:
             self._open_shell()
+            self._populate()
         except Exception:
             self.close()
             raise
+
+    harness = DOCKER_HARNESS
+
+    def _populate(self) -> None:
+        """Copy the clean tree from the image into the repository's tmpfs (a few ms for these repositories)."""
+        res = self.run(f"for i in $(seq 100); do test -w {OUTPUT_FILE} && break; sleep 0.01; done; "
+                       f"cp -R --preserve=mode,timestamps,links {IMAGE_LAYOUT['clean']}/. {WORKDIR}/", timeout=60)
+        if res.exit_code != 0:
+            raise SandboxError(f"could not copy the repository into the sandbox: {res.output[-500:]}")
 
     @staticmethod
     def _ulimit(name: str, value: int):
@@ -287,7 +421,7 @@ class DockerSandbox(Sandbox):
     def _open_shell(self) -> None:
         api = self.client.api
         exec_id = api.exec_create(self.container_id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
-                                  stderr=True, tty=False, workdir=WORKDIR)["Id"]
+                                  stderr=True, tty=False, workdir=WORKDIR, user=self.limits.user)["Id"]
         sock = api.exec_start(exec_id, socket=True, tty=False)
         self._sock = getattr(sock, "_sock", sock)
         self._buf = b""
@@ -311,7 +445,7 @@ class DockerSandbox(Sandbox):
             except OSError as exc:
                 raise SandboxError(f"the sandbox shell connection broke ({exc})") from exc
             if not chunk:
-                raise SandboxError("the sandbox shell exited (was the container stopped or killed?)")
+                raise ShellExited("the sandbox shell exited (was the container stopped or killed?)")
             self._buf += chunk
 
     def _exchange(self, script: str, mark: str, read_timeout: float) -> str:
@@ -345,25 +479,98 @@ class DockerSandbox(Sandbox):
             return -1
 
     def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
-        """Run ``command`` with bash in the repository root; never longer than ``timeout`` seconds."""
+        """Run ``command`` with bash in the repository root; never longer than ``timeout`` seconds, and no
+        process it started survives it (see the module docstring)."""
         mark = f"{self._MARK}{uuid.uuid4().hex[:16]}"
         secs = max(1, int(timeout + 0.999))
-        # Output goes through head -c so a flood cannot fill memory; the exit code of the command itself
-        # (PIPESTATUS[0]) is reported after a unique marker. timeout -k kills what ignores SIGTERM.
-        wrapped = (f"cd {WORKDIR} 2>/dev/null; timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null 2>&1 "
-                   f"| head -c {max_output + 1}; __trc=${{PIPESTATUS[0]}}; echo; echo {mark} $__trc\n")
+        half = max(1, max_output // 2)
+        oom = ("{ read -r _ _; read -r _ _; read -r _ %s; } </sys/fs/cgroup/memory/memory.oom_control 2>/dev/null")
+        # One line for the persistent shell. The command's output goes to a file, so waiting for the command
+        # is waiting for its own process, not for whoever holds its stdout; `kill -9 -1` (a builtin: it works
+        # while a fork bomb holds every pid) then ends every other process of the sandbox user. The exit code,
+        # the in-sandbox times, the OOM-kill counter before and after, the output's size and the writable
+        # mounts' free blocks follow a unique marker.
+        wrapped = (f"cd {WORKDIR} 2>/dev/null; : >{OUTPUT_FILE}; __m0=0; __m1=0; {oom % '__m0'}; __t0=$EPOCHREALTIME; "
+                   f"timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null >{OUTPUT_FILE} 2>&1; __trc=$?; "
+                   f"__t1=$EPOCHREALTIME; kill -9 -1 2>/dev/null; {oom % '__m1'}; "
+                   f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
+                   f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
+                   f"tail -c {half} {OUTPUT_FILE}; else cat {OUTPUT_FILE}; fi; "
+                   f"echo; echo {mark} $__trc $__t0 $__t1 $__m0 $__m1 $__n $__df\n")
         t0 = time.monotonic()
-        text = self._exchange(wrapped, mark, secs + 10)
-        body, _, tail = text.partition(mark)
+        try:
+            text = self._exchange(wrapped, mark + " ", secs + 15)
+        except ShellExited:
+            if not self.alive():
+                raise
+            # The command killed the shell itself (e.g. `kill -9 -1` of its own): a fresh one serves the next.
+            self._open_shell()
+            self._exchange(f"kill -9 -1 2>/dev/null; echo {mark} 0\n", mark + " ", 30)
+            return CommandResult(137, "[the command killed the sandbox's shell; its processes were ended and a new "
+                                      "shell was started]", False, time.monotonic() - t0)
+        body, _, tail = text.rpartition(mark + " ")
+        fields = tail.split()
         code = self._exit_code(tail)
-        body = body[:-1] if body.endswith("\n") else body  # the echo after head
-        truncated = len(body) > max_output
+        body = body[:-1] if body.endswith("\n") else body  # the echo before the marker
+        truncated = f"{mark}CUT" in body
         if truncated:
-            body = body[:max_output] + f"\n… [output truncated at {max_output} characters]"
-        timed_out = code in (124, 137)
+            head, _, end = body.partition(f"{mark}CUT\n")
+            body = head + f"… [output truncated: {fields[6] if len(fields) > 6 else '?'} bytes, showing the first " \
+                f"and last {half}] …\n" + end
+        try:
+            inner = float(fields[2].replace(",", ".")) - float(fields[1].replace(",", "."))
+        except (IndexError, ValueError):
+            inner = None
+        oom_killed = len(fields) > 4 and fields[4] != fields[3]
+        disk_full = []
+        for mount, df in zip(WRITABLE_MOUNTS, fields[7:]):
+            try:
+                blocks, avail, _bsize = (int(x) for x in df.split(":"))
+            except ValueError:
+                continue
+            if blocks and avail <= max(1, blocks // 200):  # under 0.5% left
+                disk_full.append(mount)
+        timed_out = code in (124, 137) and not oom_killed and inner is not None and inner >= secs - 0.05
+        notes = []
+        if oom_killed:
+            notes.append(f"[killed: out of memory (limit {self.limits.memory_mb} MB)]")
         if timed_out:
-            body += f"\n[command timed out after {secs}s and was killed]"
-        return CommandResult(code, body, timed_out, time.monotonic() - t0, truncated)
+            notes.append(f"[command timed out after {secs}s and was killed]")
+        budgets = {WORKDIR: self.limits.repo_disk, "/tmp": self.limits.tmp_disk, "/dev/shm": self.limits.shm_disk}
+        for mount in disk_full:
+            notes.append(f"[disk budget exhausted: {mount} is full ({_size_mb(budgets[mount])} MB); "
+                         "delete files there to free space]")
+        if notes:
+            body = (body + "\n" if body and not body.endswith("\n") else body) + "\n".join(notes)
+        return CommandResult(code, body, timed_out, time.monotonic() - t0, truncated, oom_killed, tuple(disk_full),
+                             inner)
+
+    def kill_user_processes(self, wait_s: float = 10.0) -> None:
+        """End every process of the sandbox user — the persistent shell included, whatever was done to it — from
+        a fresh ``docker exec``, wait until none is left, and open a new shell."""
+        script = ("for i in $(seq %d); do kill -9 -1 2>/dev/null; left=; for p in /proc/[0-9]*; do "
+                  "[ -O \"$p\" ] && [ \"${p#/proc/}\" != $$ ] && left=1; done; [ -z \"$left\" ] && exit 0; "
+                  "sleep 0.02; done; exit 1") % max(1, int(wait_s / 0.02))
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass
+                self._sock = None
+            try:
+                api = self.client.api
+                exec_id = api.exec_create(self.container_id, ["bash", "--noprofile", "--norc", "-c", script],
+                                          stdout=True, stderr=True, user=self.limits.user)["Id"]
+                api.exec_start(exec_id)
+                code = api.exec_inspect(exec_id).get("ExitCode")
+            except Exception as exc:
+                raise SandboxError(f"could not end the agent's processes: {exc}") from exc
+            if code != 0:
+                raise SandboxError(f"processes of the sandbox user survived {wait_s:.0f}s of SIGKILL")
+            self._open_shell()
 
     def write_files(self, files: dict[str, bytes | str]) -> None:
         """Write files through the persistent shell: a base64 tar in a here-document, unpacked by ``tar`` as the
@@ -430,24 +637,48 @@ def open_sandbox_ids() -> list[str]:
         return list(_LIVE)
 
 
+def _image_labels(client, image_id: str, cache: dict) -> dict:
+    if image_id not in cache:
+        try:
+            cache[image_id] = client.api.inspect_image(image_id)["Config"].get("Labels") or {}
+        except Exception:
+            cache[image_id] = {}
+    return cache[image_id]
+
+
 def labelled_containers(client=None, all_owners: bool = True) -> list:
-    """Containers carrying the TRACE sandbox label (of every process, or only this one's)."""
+    """Containers TRACE started (of every process, or only this one's).
+
+    A container counts only if it carries :data:`RUN_LABEL` and its image does not: the label is set at
+    ``docker run``, so a container someone else ran from a TRACE image (which inherits the image's
+    labels) is never listed, even from an image built with that label.
+    """
     client = client or docker_client()
-    filters = {"label": [LABEL]}
+    filters = {"label": [RUN_LABEL]}
     if not all_owners:
         filters["label"].append(f"org.trace.pid={os.getpid()}")
-    return client.containers.list(all=True, filters=filters)
+    images: dict = {}
+    return [c for c in client.containers.list(all=True, filters=filters)
+            if RUN_LABEL not in _image_labels(client, c.attrs.get("Image", ""), images)]
+
+
+def owner_alive(container) -> bool:
+    """Whether the process that started ``container`` still runs (same pid *and* same start time)."""
+    token = container.labels.get(RUN_LABEL, "")
+    pid = token.partition(":")[0]
+    if not pid.isdigit():
+        return False
+    return process_token(int(pid)) == token
 
 
 def cleanup_containers(client=None, only_dead_owners: bool = False) -> int:
-    """Remove labelled containers; returns how many. ``only_dead_owners`` spares those of live processes."""
+    """Remove the containers TRACE started (:func:`labelled_containers`); returns how many.
+    ``only_dead_owners`` spares those whose owner process is alive."""
     client = client or docker_client()
     removed = 0
     for container in labelled_containers(client):
-        if only_dead_owners:
-            pid = container.labels.get("org.trace.pid", "")
-            if pid.isdigit() and Path(f"/proc/{pid}").exists():
-                continue
+        if only_dead_owners and owner_alive(container):
+            continue
         _remove_container(client, container.id)
         removed += 1
     return removed
@@ -540,7 +771,9 @@ class LocalSandbox(Sandbox):
     """A temporary copy of the repository and ``subprocess`` (in ``bwrap`` without network when installed).
 
     Not a security boundary: agent commands run as the current user. Choose it explicitly
-    (``sandbox="local"``) on machines without Docker.
+    (``sandbox="local"``) on machines without Docker. Each command runs in its own session; when it
+    returns, its process group is killed (a process that starts a new session escapes this — another
+    reason this sandbox is not a boundary).
 
     Args:
         source_dir: the clean repository to copy.
@@ -558,13 +791,14 @@ class LocalSandbox(Sandbox):
         self.root = Path(self._tmp) / "testbed"
         shutil.copytree(source_dir, self.root, ignore=shutil.ignore_patterns(".git", "__pycache__"))
         self.workdir = str(self.root)
-        lib = Path(self._tmp) / "lib"
-        lib.mkdir()
-        shutil.copy(Path(__file__).with_name("pytest_report.py"), lib / "trace_pytest_report.py")
-        paths = [str(lib)] + ([str(requirements_dir)] if requirements_dir else [])
-        paths += [str(self.root / p) for p in (python_path or ["."])]
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1",
-                    "TRACE_PYTEST_REPORT": str(Path(self._tmp) / "report.json")}
+        here = Path(__file__).parent
+        self.harness = Harness(python=sys.executable, plugin=str(here / "pytest_report.py"),
+                               pytest_runner=str(here / "sandbox_pytest.py"), tree_tool=str(here / "sandbox_tree.py"),
+                               trusted=(str(requirements_dir),) if requirements_dir else (),
+                               report=str(Path(self._tmp) / "report.json"), clean=str(Path(source_dir).resolve()),
+                               path=os.environ.get("PATH", "/usr/bin:/bin"))
+        paths = ([str(requirements_dir)] if requirements_dir else []) + [str(self.root / p) for p in (python_path or ["."])]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1"}
         self._bwrap = shutil.which("bwrap")
         self._closed = False
 
@@ -576,17 +810,31 @@ class LocalSandbox(Sandbox):
             argv = [self._bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--bind", self._tmp, self._tmp, "--dev", "/dev",
                     "--proc", "/proc", "--unshare-net", "--die-with-parent", "--chdir", self.workdir] + argv
         t0 = time.monotonic()
-        try:
-            proc = subprocess.run(argv, cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=timeout, stdin=subprocess.DEVNULL)
-            code, out, timed_out = proc.returncode, proc.stdout, False
-        except subprocess.TimeoutExpired as exc:
-            code, out, timed_out = 124, exc.stdout or b"", True
-        text = out.decode("utf-8", errors="replace")
+        # Output to a file, not a pipe: waiting for the command is not waiting for whoever holds its stdout.
+        with tempfile.TemporaryFile(dir=self._tmp) as out:
+            proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                code, timed_out = proc.wait(timeout=timeout), False
+            except subprocess.TimeoutExpired:
+                code, timed_out = 124, True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the command's background processes go with it
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            out.seek(0)
+            raw = out.read(max_output * 4 + 1)
+        text = raw.decode("utf-8", errors="replace")
         truncated = len(text) > max_output
         if truncated:
             text = text[:max_output] + f"\n… [output truncated at {max_output} characters]"
+        if timed_out:
+            text += f"\n[command timed out after {timeout:.0f}s and was killed]"
         return CommandResult(code, text, timed_out, time.monotonic() - t0, truncated)
+
+    def kill_user_processes(self) -> None:
+        """Nothing to do beyond what :meth:`run` does (each command's process group is killed when it returns)."""
 
     def write_files(self, files: dict[str, bytes | str]) -> None:
         for rel, data in files.items():

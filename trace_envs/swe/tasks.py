@@ -134,32 +134,26 @@ class TestRun:
         return self.statuses.get(test) == "passed"
 
 
-_TIMING_FILE = '"$TRACE_PYTEST_REPORT.timing"'  # beside the report (LocalSandbox: its own tmp dir)
-
-
 def run_tests(sandbox, repo: Repo, tests: list[str] | None = None, timeout: float = 120.0,
               max_output: int = 8000) -> TestRun:
-    """Run pytest in ``sandbox`` and read the explicit per-test statuses."""
+    """Run pytest in ``sandbox`` and read the explicit per-test statuses.
+
+    The output keeps its start and its end when it is longer than ``max_output`` (pytest's summary of
+    failures is at the end)."""
     t0 = time.monotonic()
-    # $EPOCHREALTIME (a bash builtin, no fork) brackets the pytest process for the overhead figure.
-    command = (f"__t0=$EPOCHREALTIME; {repo.pytest_command(tests)} -rfE; __rc=$?; "
-               f"echo \"$__t0 $EPOCHREALTIME\" > {_TIMING_FILE}; exit $__rc")
-    result = sandbox.run(command, timeout=timeout, max_output=max_output)
-    report = sandbox.run(f'cat {_TIMING_FILE} 2>/dev/null; echo; cat "$TRACE_PYTEST_REPORT" 2>/dev/null', timeout=30,
-                         max_output=20_000_000)
-    timing, _, body = report.output.partition("\n")
+    harness = sandbox.harness
+    result = sandbox.run(repo.pytest_command(tests, harness, sandbox.workdir) + " -rfE", timeout=timeout,
+                         max_output=max_output)
+    report = sandbox.run(f"cat {shlex.quote(harness.report)}", timeout=30, max_output=20_000_000)
     try:
-        data = json.loads(body) if report.exit_code == 0 else {}
+        data = json.loads(report.output) if report.exit_code == 0 and not report.truncated else {}
     except json.JSONDecodeError:
         data = {}
-    try:
-        start, end = (float(x.replace(",", ".")) for x in timing.split())
-        process_seconds = end - start
-    except ValueError:
-        process_seconds = None
+    if not isinstance(data, dict):
+        data = {}
     return TestRun(statuses=dict(data.get("tests", {})), output=result.output, seconds=time.monotonic() - t0,
                    exit_code=result.exit_code, collect_errors=list(data.get("collect_errors", [])),
-                   process_seconds=process_seconds)
+                   process_seconds=result.inner_seconds)
 
 
 _GIT_INIT = ("git init -q --template= && mkdir -p .git/info && printf '__pycache__/\\n*.pyc\\n' > .git/info/exclude && "
@@ -205,34 +199,89 @@ def prepare_sandbox(sandbox, files: dict[str, str]) -> None:
         raise SandboxError(f"could not prepare the repository in the sandbox: {res.output[-500:]}")
 
 
-def protected_pathspecs(repo: Repo) -> list[str]:
-    """git pathspecs of what an agent's edits may not change for the reward (tests, test config, import hooks)."""
-    specs = [f":(exclude){p}" for p in repo.spec.test_paths]
-    specs += [f":(exclude){p}" for p in repo.test_files]
-    specs += [f":(exclude,glob)**/{name}" for name in sorted(PROTECTED_NAMES)]
-    specs += [":(exclude,glob)**/*.pth"]
-    return specs
+def protection_rules(repo: Repo) -> dict:
+    """What the agent's edits may not change for the reward — test paths, test-looking files, test and
+    packaging configuration, import hooks — in the form :mod:`trace_envs.swe.sandbox_tree` reads."""
+    from .repos import TEST_DIR, TEST_FILE
+
+    return {"paths": list(repo.spec.test_paths) + repo.test_files, "names": sorted(PROTECTED_NAMES),
+            "suffixes": [".pth"], "patterns": [TEST_FILE.pattern, TEST_DIR.pattern]}
+
+
+@dataclass
+class Submission:
+    """The agent's changes as the grader will test them (from :func:`restore_for_grading`)."""
+
+    changed: dict[str, str]
+    deleted: list[str]
+    large: list[str]
+    dropped: list[str]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.changed or self.deleted or self.large)
+
+    def patch(self, expected: dict[str, str]) -> str:
+        """A unified diff from the expected (bugged) tree, for the reward breakdown."""
+        out = [unified_diff(p, expected.get(p, ""), text) for p, text in sorted(self.changed.items())]
+        out += [unified_diff(p, expected.get(p, ""), "") for p in self.deleted]
+        out += [f"Binary or large file {p} changed\n" for p in self.large]
+        return "".join(out)
+
+
+def _tree_tool(sandbox, action: str, request: dict, timeout: float = 120.0):
+    h = sandbox.harness
+    payload = json.dumps({"root": sandbox.workdir, "clean": h.clean, "wipe": list(h.wipe), **request})
+    eof = f"__TRACE_REQ_{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+    res = sandbox.run(f"{shlex.quote(h.python)} -s -S -P {shlex.quote(h.tree_tool)} {action} <<'{eof}'\n{payload}\n{eof}",
+                      timeout=timeout, max_output=50_000_000)
+    try:
+        return res, json.loads(res.output) if res.exit_code == 0 else None
+    except json.JSONDecodeError:
+        return res, None
+
+
+def restore_for_grading(sandbox, repo: Repo, expected: dict[str, str]) -> Submission:
+    """Make the sandbox's tree trustworthy for grading and return the agent's changes.
+
+    Every process of the agent is ended first, so nothing can undo what follows. Then, without trusting
+    anything in the tree (no git: its hooks, filters and ``HEAD`` are the agent's), every protected file is
+    restored from the clean tree baked into the image, caches, foreign symlinks and special files are
+    removed and ``/tmp`` is emptied (:mod:`trace_envs.swe.sandbox_tree`). ``expected``: the bugged
+    versions of the files the instance's bug changes. Raises SandboxError when the tree cannot be restored.
+    """
+    from .sandbox import SandboxError
+
+    sandbox.kill_user_processes()
+    hashes = {p: hashlib.sha256(t.encode("utf-8")).hexdigest() for p, t in expected.items()}
+    res, data = _tree_tool(sandbox, "grade", {"protected": protection_rules(repo), "expected": hashes})
+    if data is None:
+        raise SandboxError(f"could not restore the repository for grading: {res.output[-500:]}")
+    return Submission(dict(data["changed"]), list(data["deleted"]), list(data["large"]), list(data["dropped"]))
+
+
+def reset_tree(sandbox, files: dict[str, str]) -> None:
+    """Make the sandbox's tree the clean tree again, then write ``files`` (e.g. the bugged ones)."""
+    from .sandbox import SandboxError
+
+    res, data = _tree_tool(sandbox, "reset", {})
+    if data is None:
+        raise SandboxError(f"could not reset the sandbox's tree: {res.output[-300:]}")
+    sandbox.write_files(files)
 
 
 def evaluate_in_sandbox(sandbox, repo: Repo, instance: dict, timeout: float = 300.0,
                         skip_if_unchanged: bool = True) -> tuple[float, dict]:
     """The reward of the sandbox's current tree: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes
-    after test files are restored (only the agent's changes to non-test files are kept)."""
-    # Re-hash every file (rm --cached): the stat cache can miss an edit of equal size within one second.
-    full = sandbox.run("git rm -r -q --cached . >/dev/null 2>&1; git add -A --force >/dev/null 2>&1; git diff --cached HEAD",
-                       timeout=60, max_output=2_000_000)
-    if skip_if_unchanged and not full.output.strip():
-        return 0.0, {"reason": "no_changes", "model_patch": "", "FAIL_TO_PASS": {}, "PASS_TO_PASS": {}}
-    keep = " ".join(shlex.quote(s) for s in protected_pathspecs(repo))
-    res = sandbox.run(f"git diff --cached --binary HEAD -- . {keep} > /tmp/trace_src.patch && "
-                      "git reset -q --hard HEAD && git clean -qfd && "
-                      "(test ! -s /tmp/trace_src.patch || git apply --whitespace=nowarn /tmp/trace_src.patch)",
-                      timeout=60)
-    breakdown: dict = {"model_patch": full.output[:50_000]}
-    if res.exit_code != 0:
-        breakdown["reason"] = "patch_apply_failed"
-        breakdown["detail"] = res.output[-500:]
-        return 0.0, breakdown
+    once the agent's processes are gone and tests, conftests and configuration are restored from the
+    instance (only the agent's changes to non-test files are kept: :func:`restore_for_grading`)."""
+    bugged = apply_patch(repo.files, instance["patch"]) if instance.get("patch") else {}
+    submission = restore_for_grading(sandbox, repo, bugged)
+    breakdown: dict = {"model_patch": submission.patch({**repo.files, **bugged})[:50_000]}
+    if submission.dropped:
+        breakdown["dropped"] = submission.dropped[:50]
+    if skip_if_unchanged and submission.empty:
+        return 0.0, {**breakdown, "reason": "no_changes", "FAIL_TO_PASS": {}, "PASS_TO_PASS": {}}
     run = run_tests(sandbox, repo, timeout=timeout)
     f2p = {t: run.statuses.get(t, "missing") for t in instance["FAIL_TO_PASS"]}
     p2p = {t: run.statuses.get(t, "missing") for t in instance["PASS_TO_PASS"]}
@@ -246,20 +295,37 @@ def evaluate_in_sandbox(sandbox, repo: Repo, instance: dict, timeout: float = 30
 
 # ------------------------------------------------------------------------------------------ issue text
 
-_FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
+def failure_messages(output: str, tests: list[str]) -> dict[str, str]:
+    """``{test: error message}`` from the short summary at the end of pytest's output (``-rfE``).
+
+    Lines read ``FAILED <node id> - <message>``; a parametrized id may contain spaces (and " - "), so the
+    id is matched against the known ``tests``, longest first, rather than split at a space."""
+    by_length = sorted(tests, key=len, reverse=True)
+    messages: dict[str, str] = {}
+    for line in output.splitlines():
+        line = line.strip()
+        kind, _, rest = line.partition(" ")
+        if kind not in ("FAILED", "ERROR"):
+            continue
+        for test in by_length:
+            if rest == test or rest.startswith(test + " - "):
+                messages.setdefault(test, rest[len(test) + 3:].strip())
+                break
+    return messages
+
+
+def _count(n: int, noun: str, verb: str) -> str:
+    """``1 test fails`` / ``3 tests fail``."""
+    return f"{n} {noun}{'' if n == 1 else 's'} {verb + 's' if n == 1 else verb}"
 
 
 def problem_statement(repo: Repo, f2p: list[str], bug_output: str, max_tests: int = 3) -> str:
     """An issue from the failing behaviour: which tests fail and how — never where the bug is or how to fix it."""
-    messages = {}
-    for line in bug_output.splitlines():
-        m = _FAIL_LINE.match(line.strip())
-        if m:
-            messages[m.group(2)] = (m.group(3) or "").strip()
+    messages = failure_messages(bug_output, f2p)
     shown = f2p[:max_tests]
     lines = [f"Tests in `{repo.spec.key}` started failing",
              "",
-             f"After a recent change, {len(f2p)} test{'s' if len(f2p) != 1 else ''} of the suite fail"
+             f"After a recent change, {_count(len(f2p), 'test', 'fail')}"
              f"{'' if len(f2p) <= max_tests else f' (showing {max_tests})'}:", ""]
     for test in shown:
         msg = messages.get(test, "")
@@ -475,7 +541,7 @@ def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0) 
     ``gold`` applies the reverse of the bug patch; ``empty`` changes nothing (graded for real, no
     shortcut); ``delete_tests`` removes the failing tests' files; ``edit_tests`` makes each failing test
     return before its assertions. ``sandbox`` must hold the clean repository (a fresh container of the
-    repository's image); it is left holding the clean repository again.
+    repository's image); it is left holding the clean repository again (without the git history).
     """
     from .agents import neutered_tests
 
@@ -493,13 +559,9 @@ def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0) 
                 sandbox.write_files(neutered_tests(repo.files, instance["FAIL_TO_PASS"]))
             reward, _ = evaluate_in_sandbox(sandbox, repo, instance, timeout=timeout, skip_if_unchanged=False)
             rewards[check] = reward
-            res = sandbox.run("git reset -q --hard HEAD && git clean -qfd", timeout=60)
-            if res.exit_code != 0:
-                from .sandbox import SandboxError
-
-                raise SandboxError(f"could not reset the sandbox's tree: {res.output[-300:]}")
+            reset_tree(sandbox, bugged)
     finally:
-        sandbox.write_files({p: repo.files[p] for p in bugged})
+        reset_tree(sandbox, {})
     return rewards
 
 
