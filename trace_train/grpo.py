@@ -51,7 +51,8 @@ logger = logging.getLogger(__name__)
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
                "resampled_groups", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
-               "learning_rate", "generation_s", "env_s", "rollout_s", "forward_backward_s", "optimizer_s", "step_s")
+               "learning_rate", "generation_s", "env_s", "rollout_s", "forward_backward_s", "optimizer_s", "step_s",
+               "reward_by_env")
 
 __all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "train"]
 
@@ -379,17 +380,48 @@ def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path
                    "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
                    "generation_s": last.get("generation_s"), "env_s": last.get("env_s"), "rollout_s": rollout_s,
                    "forward_backward_s": (self.step_s - self.optimizer_s - rollout_s) if rollouts else None,
-                   "optimizer_s": self.optimizer_s, "step_s": self.step_s}
+                   "optimizer_s": self.optimizer_s, "step_s": self.step_s,
+                   "reward_by_env": json.dumps(last.get("reward_by_env", {}), sort_keys=True)}
             self.rows.append(row)
             self._write([row])
 
     return StepLogger()
 
 
+def _time_budget(minutes: float):
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        """Stops training before the step that would overrun ``minutes`` of training (predicted as the
+        slowest of the last 4 steps); the trainer then saves its final checkpoint as at ``max_steps``."""
+
+        def __init__(self) -> None:
+            self.spent = 0.0
+            self.recent: list[float] = []
+            self.t = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.recent = (self.recent + [time.perf_counter() - self.t])[-4:]
+            self.spent += self.recent[-1]
+            if self.spent + max(self.recent) > minutes * 60:
+                control.should_training_stop = True
+                control.should_save = True
+
+    return TimeBudget()
+
+
 def read_log(log_csv: str | Path) -> list[dict]:
     """``train_log.csv`` as a list of dicts of floats (empty cells are None)."""
+    def value(key: str, text: str | None):
+        if text in ("", None):
+            return None
+        return json.loads(text) if key == "reward_by_env" else float(text)
+
     with open(log_csv, newline="") as f:
-        return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def plot_reward_curve(log_csv: Path, path: Path, title: str) -> Path | None:
@@ -549,6 +581,8 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     logger_cb = _step_logger(cfg, rollouts, log_csv, start_step)
     trainer = trainer_cls(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
                           peft_config=cfg.lora_config(), callbacks=[logger_cb, *callbacks], **extra)
+    if cfg.max_minutes:
+        trainer.add_callback(_time_budget(cfg.max_minutes))
     trainer.train(resume_from_checkpoint=resume_from)
 
     cfg.adapter_dir.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,8 @@ class TrainConfig:
     beta: float = _help("KL coefficient against the frozen base (0: no reference model is kept)", default=0.0)
     loss_type: str = _help(f"TRL loss variant: {', '.join(LOSS_TYPES)}", default="dapo")
     max_steps: int = _help("optimiser steps", default=20)
+    max_minutes: float | None = _help("a training-time budget: stop (and save) before the step that would overrun "
+                                      "it, or at max_steps, whichever comes first (None: no budget)", default=None)
     max_tool_calling_iterations: int | None = _help("most agent turns per episode (None: the registry's "
                                                     "max_episode_steps)", default=None)
     max_completion_length: int = _help("token budget of a whole episode after the prompt (tool results and user "
@@ -188,6 +190,8 @@ class TrainConfig:
             self._fail("epsilon", "use a clip range > 0 (0.2 is usual)")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             self._fail("epsilon_high", f"use a value >= epsilon ({self.epsilon}) or None")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            self._fail("max_minutes", "use a budget > 0 minutes, or None")
         if self.beta < 0:
             self._fail("beta", "use a KL coefficient >= 0 (0 keeps no reference model)")
         if self.loss_type not in LOSS_TYPES:

@@ -2,13 +2,14 @@
 
     trace model build [--preset tiny] [--out DIR] [--envs ID ...]
     trace model bootstrap --target trace/tau_airline-v0 [--exclude-scenarios S ...] [--steps 300]
-                          [--env-kwarg KEY=VALUE ...]
+                          [--env-kwarg KEY=VALUE ...] [--mix ENV=SHARE ...] [--mix-env-kwarg KEY=VALUE ...]
 
 ``build`` trains a tokenizer on the environments' own text, gives it TRL's Qwen3 chat template and
 saves a Qwen3 model, random-init but for the ``tiny`` preset's hand-set copy circuit (cached by preset
 and content). ``bootstrap`` is the SFT warm-up on
 oracle trajectories; leaving scenario families out gives a base model with known gaps. It writes the
-model, ``loss.json`` and ``loss_curve.png``.
+model, ``loss.json`` and ``loss_curve.png``. ``--mix`` adds a low share of other envs' oracle episodes
+(a warm-up mixture): a base for GRPO on a capability env must be sometimes right there.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
                    help="gym.make kwarg of the target (repeatable), e.g. scenarios='[\"flight_status\",\"info\"]' "
                         "or size='{\"bundle_prob\": 0}'")
+    p.add_argument("--mix", action="append", default=[], metavar="ENV=SHARE",
+                   help="warm-up mixture (repeatable): add SHARE x --train-seeds oracle episodes of ENV, e.g. "
+                        "--mix trace/precondition_verification-v0=0.05, so that the base is sometimes right on it "
+                        "(GRPO needs groups that are not all 0)")
+    p.add_argument("--mix-env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="gym.make kwarg of the --mix envs (repeatable), e.g. difficulty=1")
     p.add_argument("--prompt", choices=["compact", "full"], default="compact",
                    help="the target's prompt size, for envs with a prompt switch (default: compact)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
@@ -98,6 +105,17 @@ def cmd_bootstrap(args) -> int:
     check_env_ids(trace_envs, [args.target])
     from trace_train.models import PRESETS, BootstrapConfig, bootstrap_model
 
+    mixture = {}
+    for item in args.mix:
+        env_id, sep, share = item.rpartition("=")
+        try:
+            mixture[env_id] = float(share)
+        except ValueError:
+            sep = ""
+        if not sep or not env_id:
+            raise CommandError(f"--mix {item!r} must look like ENV=SHARE, e.g. trace/precondition_verification-v0=0.05")
+    check_env_ids(trace_envs, list(mixture))
+
     if args.preset not in PRESETS:
         raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     try:
@@ -110,7 +128,8 @@ def cmd_bootstrap(args) -> int:
                               seed_offset=args.seed_offset, max_length=args.max_length,
                               prompt=args.prompt, threads=args.threads, out=args.out,
                               pretrain_frac=args.pretrain_frac, freeze_circuit=args.freeze_circuit,
-                              env_kwargs=parse_key_values(args.env_kwarg, "--env-kwarg"))
+                              env_kwargs=parse_key_values(args.env_kwarg, "--env-kwarg"), mixture=mixture,
+                              mixture_env_kwargs=parse_key_values(args.mix_env_kwarg, "--mix-env-kwarg"))
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
     try:
