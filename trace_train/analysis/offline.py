@@ -17,12 +17,17 @@ Capabilities and their rules (τ²-style customer service; the policy is the one
     cancellation with none of the four grounds, a flight change on basic economy or after departure,
     removing bags, changing the passenger count, a certificate without eligibility or disruption, a
     change to another customer's order or account, an order in the wrong status), or a write without
-    an explicit "yes" from the user. PRESENT when every write was allowed. NA without writes.
+    an explicit "yes" from the user (a call the tool rejected for its arguments wrote nothing and does not
+    count as a write without consent; its intent is still checked against the policy). A bag removal is
+    this capability's failure, not an arithmetic one; certificate eligibility is read from the
+    reservation the request is about. PRESENT when every write was allowed. NA without writes.
 ``structured_data_reasoning``
     LACKING when a write or an answer contradicts the data the agent retrieved: acting on a record
     that matches the user's description less well than another record it read, a flight that is not
     the cheapest/earliest when the user asked for it, the wrong passenger or item variant, a
-    miscomputed bag count, certificate amount, total, fare or count. PRESENT when the agent used
+    miscomputed bag count, certificate amount, total, fare or count. Products are matched as whole
+    phrases whatever punctuation follows them, each product once per order, and a trip described as
+    one-way does not match a round trip. PRESENT when the agent used
     retrieved data and no such contradiction was found. NA when it retrieved nothing.
 ``multi_step_completion``
     LACKING when the user raises a further request and the agent replies without doing anything
@@ -134,14 +139,25 @@ def _close(a: float, b: float) -> bool:
     return abs(float(a) - float(b)) < 0.011
 
 
-def _words(text: str) -> str:
-    return " " + re.sub(r"[^a-z0-9#\-:.]+", " ", (text or "").lower()) + " "
+def _has_phrase(text: str, phrase: str) -> bool:
+    """Whether ``phrase`` occurs in ``text`` as whole words, case-insensitive, whatever punctuation is around it
+    ("the Desk Lamp." and "the Desk Lamp, please" both name the Desk Lamp; "Lamp" alone does not)."""
+    phrase = " ".join(str(phrase).lower().split())
+    if not phrase:
+        return False
+    pattern = r"(?<![a-z0-9])" + r"\s+".join(map(re.escape, phrase.split(" "))) + r"(?![a-z0-9])"
+    return re.search(pattern, (text or "").lower()) is not None
 
 
-def _mentions(text: str, value: Any) -> bool:
-    v = str(value).lower().strip()
-    return bool(v) and f" {v} " in _words(text).replace(". ", " ").replace(".  ", " ") or \
-        (len(v) >= 4 and v in (text or "").lower())
+def _clause_after(text: str, word: str) -> str:
+    """The clause that follows ``word`` in ``text``, up to the next punctuation mark or " from "/" in "
+    ("everything except the Bookshelf from my order with the Skateboard" keeps only the Bookshelf)."""
+    low = (text or "").lower()
+    i = low.find(f" {word} ")
+    if i < 0:
+        return ""
+    rest = low[i + len(word) + 2:]
+    return re.split(r"[,.;:!?]|\s(?:from|in|on|of) my\b|\s(?:from|in) (?:the )?order\b", rest, maxsplit=1)[0]
 
 
 def _classify_user(text: str) -> str:
@@ -214,18 +230,24 @@ class _State:
 
 def _cue_score(request: str, record: dict, other_ids: set[str]) -> int:
     """How many of the user's descriptive cues (airport codes, dates, product names) the record carries."""
-    text = _words(request)
     cues = set()
     for code in re.findall(r"\b[A-Z]{3}\b", request):
         cues.add(code.lower())
     for day in re.findall(r"\d{4}-\d{2}-\d{2}", request):
         cues.add(day)
+    for number in re.findall(r"\b[A-Z]{3}\d{3}\b", request):  # a flight number the user names
+        cues.add(number.lower())
     blob = str(record).lower()
     score = sum(1 for c in cues if c in blob)
-    for item in record.get("items", []) if isinstance(record.get("items"), list) else []:
-        name = str(item.get("name", "")).lower()
-        if name and f" {name} " in text:
-            score += 1
+    items = record.get("items") if isinstance(record.get("items"), list) else []
+    # each product the user names counts once, however many units of it the order holds
+    score += sum(1 for name in {str(i.get("name", "")) for i in items if isinstance(i, dict)}
+                 if name and _has_phrase(request, name))
+    trip = record.get("flight_type")
+    low = request.lower()
+    said = "one_way" if re.search(r"one[- ]way", low) else "round_trip" if re.search(r"round[- ]trip", low) else None
+    if said and trip and trip != said:  # the user described another kind of trip: a contradiction, not a cue
+        score -= 1
     return score
 
 
@@ -259,6 +281,7 @@ class _TauLabeler:
                 if kind == "request":
                     request = ev.text
                     requests.append(i)
+                    last_agent = ""  # what the agent said before this request is about an earlier one
                     if len(requests) >= 2:
                         taken = self._taken_up(i)
                         if not taken:
@@ -296,7 +319,9 @@ class _TauLabeler:
                     reasoning.append(wrong)
                 else:
                     confirmed = last_user_kind == "confirm" and "?" in last_agent
-                    if not confirmed:
+                    # A call the tool rejected for its arguments changed nothing, so it was no write without
+                    # consent (an agent that fires a malformed write and then asks is imprecise, not careless).
+                    if not confirmed and not rejected:
                         policy.append(f"{ev.name} was called without an explicit yes from the user")
                     violation = self._check_policy(ev, request, rejected)
                     if violation:
@@ -345,6 +370,9 @@ class _TauLabeler:
                 known = [rid for rid in self.state.records if v.startswith(rid) and rid]
                 if len(known) == 1:
                     v = known[0]
+            elif k == "user_id" and isinstance(v, str) and self.state.user_id and v != self.state.user_id and \
+                    v.startswith(self.state.user_id):
+                v = self.state.user_id
             args[k] = v
         key = "reservation_id" if self.domain == "airline" else "order_id"
         if key not in args and ev.name not in ("book_reservation", "send_certificate", "modify_user_address"):
@@ -452,14 +480,17 @@ class _TauLabeler:
         if name == "update_reservation_baggages" and rec and st.user.get("membership"):
             allowance = _free_bags(st.user["membership"], str(rec.get("cabin"))) * len(rec.get("passengers", []))
             total = args.get("total_baggages")
-            if isinstance(total, int) and allowance >= 0:
+            # Fewer bags than the reservation holds is a removal, which the policy forbids whatever the
+            # paid count: that is the precondition check's finding, not an arithmetic slip.
+            removal = isinstance(total, int) and total < int(rec.get("total_baggages", 0) or 0)
+            if isinstance(total, int) and allowance >= 0 and not removal:
                 expected = max(int(rec.get("nonfree_baggages", 0)), total - allowance)
                 if args.get("nonfree_baggages") != expected:
                     return (f"update_reservation_baggages: {args.get('nonfree_baggages')} paid bag(s) for {total} "
                             f"bags, but the free allowance is {allowance} ({st.user['membership']}, "
                             f"{rec.get('cabin')}, {len(rec.get('passengers', []))} passenger(s)): {expected} paid")
         if name == "send_certificate":
-            rate, pax = self._disruption(request)
+            rate, pax, _ = self._disruption(request)
             amount = args.get("amount")
             if rate and pax and isinstance(amount, (int, float)) and not _close(amount, rate * pax):
                 return f"send_certificate for ${amount}, but the rule gives ${rate} x {pax} passenger(s) = ${rate * pax}"
@@ -472,12 +503,12 @@ class _TauLabeler:
             names = {str(i.get("item_id")): str(i.get("name", "")) for i in rec.get("items", [])}
             returned = [names.get(str(x), "") for x in args.get("item_ids") or []]
             if " except " in f" {low} ":
-                kept = low.split(" except ", 1)[1]
-                bad = [n for n in returned if n and n.lower() in kept]
+                kept = _clause_after(f" {low} ", "except")
+                bad = [n for n in returned if n and _has_phrase(kept, n)]
                 if bad:
                     return f"return_delivered_order_items returned the {bad[0]}, which the user wanted to keep"
             else:
-                mentioned = [n for n in set(names.values()) if n and n.lower() in low]
+                mentioned = [n for n in set(names.values()) if n and _has_phrase(low, n)]
                 bad = [n for n in returned if n and mentioned and n not in mentioned]
                 if bad:
                     return f"return_delivered_order_items returned the {bad[0]}, which the user did not ask about"
@@ -494,17 +525,17 @@ class _TauLabeler:
                         return f"modify_user_address copied the address of the wrong order: {mismatch}"
         return None
 
-    def _disruption(self, request: str = "") -> tuple[int, int]:
-        """(certificate rate, passengers) for the disrupted flight of the reservation the request names
-        (else of any reservation the agent read)."""
+    def _disruption(self, request: str = "") -> tuple[int, int, dict | None]:
+        """(certificate rate, passengers, reservation) for the disrupted flight of the reservation the request
+        names (else of the reservation the agent read last that has one)."""
         records = list(self.state.records.values())
         named = [r for r in records if str(r.get("reservation_id", "\0")) in request]
-        for r in named or records:
+        for r in named or records[::-1]:
             for s in r.get("flights", []) if isinstance(r.get("flights"), list) else []:
                 status = self.state.status.get((str(s.get("flight_number")), str(s.get("date"))))
                 if status in ("cancelled", "delayed"):
-                    return (100 if status == "cancelled" else 50), len(r.get("passengers", []))
-        return 0, 0
+                    return (100 if status == "cancelled" else 50), len(r.get("passengers", [])), r
+        return 0, 0, None
 
     def _variant_mismatch(self, new_id: str, request: str) -> str | None:
         low = request.lower()
@@ -643,14 +674,16 @@ class _TauLabeler:
                 return (f"changed the number of passengers of {target} from {len(rec.get('passengers', []))} to "
                         f"{len(args['passengers'])}")
         if name == "send_certificate":
-            rate, _ = self._disruption(request)
-            if not rate:
+            rate, _, disrupted = self._disruption(request)
+            if not rate or disrupted is None:
                 return "sent a certificate without a cancelled or delayed flight on the user's reservation"
-            eligible = st.user.get("membership") in ("silver", "gold") or any(
-                r.get("insurance") == "yes" or r.get("cabin") == "business" for r in st.records.values()
-                if self._disrupted(r))
+            # eligibility is that of the reservation this request is about, not of another one the agent read
+            # earlier in the conversation (a bundle of two compensation requests)
+            eligible = st.user.get("membership") in ("silver", "gold") or \
+                disrupted.get("insurance") == "yes" or disrupted.get("cabin") == "business"
             if not eligible:
-                return "sent a certificate to a regular member without insurance or business class"
+                return (f"sent a certificate for reservation {disrupted.get('reservation_id')} to a regular member "
+                        f"without insurance or business class on it")
         return None
 
     def _disrupted(self, r: dict) -> bool:
