@@ -342,7 +342,8 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
             command: the bash command line.
         """
         res = self._sh(command)
-        return f"[exit code {res.exit_code}]\n{res.output}"
+        # The notes (time-out, out of memory, process limit, full disk) first: a long output is cut at its end.
+        return "\n".join([f"[exit code {res.exit_code}]", *res.notes, res.body])
 
     @tool(write=True)
     def submit(self) -> str:

@@ -117,8 +117,20 @@ class CommandResult:
     oom_killed: bool = False
     #: writable mounts that were full when the command returned
     disk_full: tuple[str, ...] = ()
+    #: a fork failed because the container's process limit was reached
+    pids_limited: bool = False
     #: wall time of the command itself, measured inside the sandbox (``seconds`` minus this: the harness's cost)
     inner_seconds: float | None = None
+    #: the bracketed notes at the end of ``output`` (time-out, out of memory, process limit, full disk)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def body(self) -> str:
+        """``output`` without the notes."""
+        tail = "\n".join(self.notes)
+        if tail and self.output.endswith(tail):
+            return self.output[: -len(tail)].rstrip("\n")
+        return self.output
 
 
 @dataclass(frozen=True)
@@ -425,6 +437,8 @@ class DockerSandbox(Sandbox):
         sock = api.exec_start(exec_id, socket=True, tty=False)
         self._sock = getattr(sock, "_sock", sock)
         self._buf = b""
+        # The shell's own diagnostics ("Killed" job notices, fork retries) are not the command's output.
+        self._sock.sendall(b"exec 2>/dev/null\n")
 
     # -- the persistent shell's framing: docker multiplexes stdout/stderr in 8-byte-header frames
     def _read_frame(self, deadline: float) -> bytes:
@@ -490,13 +504,15 @@ class DockerSandbox(Sandbox):
         # while a fork bomb holds every pid) then ends every other process of the sandbox user. The exit code,
         # the in-sandbox times, the OOM-kill counter before and after, the output's size and the writable
         # mounts' free blocks follow a unique marker.
-        wrapped = (f"cd {WORKDIR} 2>/dev/null; : >{OUTPUT_FILE}; __m0=0; __m1=0; {oom % '__m0'}; __t0=$EPOCHREALTIME; "
+        pids = "{ read -r _ %s; } </sys/fs/cgroup/pids/pids.events 2>/dev/null"
+        wrapped = (f"cd {WORKDIR} 2>/dev/null; : >{OUTPUT_FILE}; __m0=0; __m1=0; __p0=0; __p1=0; {oom % '__m0'}; "
+                   f"{pids % '__p0'}; __t0=$EPOCHREALTIME; "
                    f"timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null >{OUTPUT_FILE} 2>&1; __trc=$?; "
-                   f"__t1=$EPOCHREALTIME; kill -9 -1 2>/dev/null; {oom % '__m1'}; "
+                   f"__t1=$EPOCHREALTIME; kill -9 -1 2>/dev/null; {oom % '__m1'}; {pids % '__p1'}; "
                    f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
                    f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
                    f"tail -c {half} {OUTPUT_FILE}; else cat {OUTPUT_FILE}; fi; "
-                   f"echo; echo {mark} $__trc $__t0 $__t1 $__m0 $__m1 $__n $__df\n")
+                   f"echo; echo {mark} $__trc $__t0 $__t1 $__m0 $__m1 $__n $__p0 $__p1 $__df\n")
         t0 = time.monotonic()
         try:
             text = self._exchange(wrapped, mark + " ", secs + 15)
@@ -515,15 +531,16 @@ class DockerSandbox(Sandbox):
         truncated = f"{mark}CUT" in body
         if truncated:
             head, _, end = body.partition(f"{mark}CUT\n")
-            body = head + f"… [output truncated: {fields[6] if len(fields) > 6 else '?'} bytes, showing the first " \
+            body = head + f"… [output truncated: {fields[5] if len(fields) > 5 else '?'} bytes, showing the first " \
                 f"and last {half}] …\n" + end
         try:
             inner = float(fields[2].replace(",", ".")) - float(fields[1].replace(",", "."))
         except (IndexError, ValueError):
             inner = None
         oom_killed = len(fields) > 4 and fields[4] != fields[3]
+        pids_hit = len(fields) > 7 and fields[7] != fields[6]
         disk_full = []
-        for mount, df in zip(WRITABLE_MOUNTS, fields[7:]):
+        for mount, df in zip(WRITABLE_MOUNTS, fields[8:]):
             try:
                 blocks, avail, _bsize = (int(x) for x in df.split(":"))
             except ValueError:
@@ -536,6 +553,9 @@ class DockerSandbox(Sandbox):
             notes.append(f"[killed: out of memory (limit {self.limits.memory_mb} MB)]")
         if timed_out:
             notes.append(f"[command timed out after {secs}s and was killed]")
+        if pids_hit:
+            notes.append(f"[the process limit ({self.limits.pids}) was reached: forks failed; every process the "
+                         "command left was killed]")
         budgets = {WORKDIR: self.limits.repo_disk, "/tmp": self.limits.tmp_disk, "/dev/shm": self.limits.shm_disk}
         for mount in disk_full:
             notes.append(f"[disk budget exhausted: {mount} is full ({_size_mb(budgets[mount])} MB); "
@@ -543,7 +563,7 @@ class DockerSandbox(Sandbox):
         if notes:
             body = (body + "\n" if body and not body.endswith("\n") else body) + "\n".join(notes)
         return CommandResult(code, body, timed_out, time.monotonic() - t0, truncated, oom_killed, tuple(disk_full),
-                             inner)
+                             pids_hit, inner, tuple(notes))
 
     def kill_user_processes(self, wait_s: float = 10.0) -> None:
         """End every process of the sandbox user — the persistent shell included, whatever was done to it — from
@@ -829,9 +849,10 @@ class LocalSandbox(Sandbox):
         truncated = len(text) > max_output
         if truncated:
             text = text[:max_output] + f"\n… [output truncated at {max_output} characters]"
+        notes = (f"[command timed out after {timeout:.0f}s and was killed]",) if timed_out else ()
         if timed_out:
-            text += f"\n[command timed out after {timeout:.0f}s and was killed]"
-        return CommandResult(code, text, timed_out, time.monotonic() - t0, truncated)
+            text += "\n" + notes[0]
+        return CommandResult(code, text, timed_out, time.monotonic() - t0, truncated, notes=notes)
 
     def kill_user_processes(self) -> None:
         """Nothing to do beyond what :meth:`run` does (each command's process group is killed when it returns)."""
