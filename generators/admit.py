@@ -262,8 +262,10 @@ class _Worker:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRACE_REGISTRY", "PYTHONPATH"))}
         env.update({"PYTHONHASHSEED": str(hash_seed), "PYTHONPATH": os.pathsep.join(_CODE_ROOTS),
                     "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-                    "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRACE_REGISTRY": "",
-                    "TRACE_CACHE": str(stage / ".cache") if kind == "none" else "/tmp/trace-cache"})
+                    "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRACE_REGISTRY": ""})
+        # TRACE_CACHE is kept: the worker reads the user's caches (e.g. SWE repositories, fetched
+        # beforehand by the trusted process, since the sandbox has no network); under bubblewrap
+        # they are read-only.
         self.nonce = job["nonce"]
         self.proc = subprocess.Popen(_command(kind, stage), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, cwd=str(stage), env=env, text=True,

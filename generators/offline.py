@@ -155,8 +155,18 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
             raise NoTemplate(f"the swe_localization template needs the swe_repo target, got {target_env!r}. "
                              "Fix: use --llm for other targets")
         values["description_literal"] = json.dumps("Name the file and function of an injected bug (generated).")
+        _prefetch_repositories(cls)
     source = Template((TEMPLATES / f"{template}.py.tmpl").read_text(encoding="utf-8")).substitute(values)
     return Rendered(source, notes)
+
+
+def _prefetch_repositories(cls: type) -> None:
+    """Fetch the family's repositories into the cache here (trusted, with network): the admission sandbox has none."""
+    env = cls()
+    try:
+        env.reset(seed=0)
+    finally:
+        env.close()
 
 
 def _fmt(x) -> str:

@@ -174,6 +174,8 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
             try:
                 rendered = render(spec, env_id=env_id, run_id=run_id, spec_name=spec_path.name, variant=n - 1)
                 source = rendered.source
+                if any(source == previous for previous, _ in history):
+                    break  # this family has no more conservative variant to try
                 (attempt_dir / "template.json").write_text(json.dumps(rendered.notes, indent=2) + "\n",
                                                            encoding="utf-8")
             except NoTemplate as exc:

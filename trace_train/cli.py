@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "eval",
     "swe",
     "diagnose",
+    "generate",
     "train",
 ]
 
