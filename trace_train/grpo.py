@@ -129,12 +129,19 @@ def encode_episode(tokenizer, record: dict, max_completion_length: int) -> tuple
     the completion is the rest of the episode (through the last assistant turn), each assistant turn as it
     appears in later prompts (``<|im_end|>`` included) with mask 1, tool results and user replies between
     them with mask 0. It is cut at ``max_completion_length`` tokens.
+
+    Turns the env rejected (text that is not a readable action) are not in its transcript, so they get no
+    gradient of their own; the episode's reward still counts for its group. An episode whose every turn was
+    rejected is its first prompt and a single ``<|im_end|>`` with mask 0 (it shapes its group's baseline only).
     """
-    from .models import sft_segments
+    from .models import render_prompt, sft_segments
 
     segments = sft_segments(tokenizer, record)
     if not segments:
-        raise ValueError("an episode without an assistant turn cannot be trained on")
+        messages = [m for m in record["messages"] if m["role"] != "assistant"]
+        prompt_ids = tokenizer(render_prompt(tokenizer, messages, record.get("tools")),
+                               add_special_tokens=False)["input_ids"]
+        return prompt_ids, [tokenizer.convert_tokens_to_ids("<|im_end|>")], [0]
     prompt_ids = tokenizer(segments[0][0], add_special_tokens=False)["input_ids"]
     completion: list[int] = []
     mask: list[int] = []
@@ -504,7 +511,10 @@ def _seed_dataset(cfg: TrainConfig, env_kwargs: dict[str, dict]):
 
     lo, hi = cfg.train_seed_range()
     count = cfg.num_seeds if cfg.num_seeds is not None else cfg.groups_per_step * cfg.max_steps
-    return make_dataset(cfg.env_ids, seeds=range(lo, lo + count), env_kwargs=lambda e: env_kwargs[e])
+    # TRL's sampler drops an incomplete batch: with fewer rows than groups per step there would be no step at
+    # all, so the seeds repeat until every env has at least a batch of rows.
+    rows = max(count, math.ceil(cfg.groups_per_step / len(cfg.env_ids)))
+    return make_dataset(cfg.env_ids, seeds=[lo + i % count for i in range(rows)], env_kwargs=lambda e: env_kwargs[e])
 
 
 def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
