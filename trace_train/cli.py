@@ -35,6 +35,7 @@ COMMAND_MODULES: list[str] = [
     "diagnose",
     "generate",
     "train",
+    "compose",
 ]
 
 #: Packages of this project: an ImportError naming one of them is a bug, never a missing extra.

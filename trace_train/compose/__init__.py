@@ -4,9 +4,18 @@
   per token, sparse compute; save/load with hashes; ``generate`` works (:mod:`.model`).
 * :func:`compose` — build, train the gates on successful trajectories, write the folder, routing
   statistics and the baselines (:mod:`.api`).
+* :func:`merge_adapters`, :class:`PerEpisodeRouter` — the baselines: PEFT's linear / TIES merges and one
+  adapter per episode (:mod:`.baselines`).
+* :class:`RouterTrainConfig`, :func:`train_router`, :func:`routing_stats` — gate training and routing
+  statistics (:mod:`.train`).
 """
 
 from .adapters import AdapterRef, ComposeError
+from .api import BASELINES, ComposeResult, compose
+from .baselines import PerEpisodeRouter, merge_adapters
 from .model import COMPOSE_FILE, ComposedModel, is_composed_dir
+from .train import RouterTrainConfig, routing_stats, train_router
 
-__all__ = ["AdapterRef", "ComposeError", "ComposedModel", "COMPOSE_FILE", "is_composed_dir"]
+__all__ = ["AdapterRef", "BASELINES", "COMPOSE_FILE", "ComposeError", "ComposeResult", "ComposedModel",
+           "PerEpisodeRouter", "RouterTrainConfig", "compose", "is_composed_dir", "merge_adapters",
+           "routing_stats", "train_router"]

@@ -1,7 +1,8 @@
 """The composed model: a frozen base, K frozen LoRA experts, and one small gate per transformer block.
 
 Stage four of TRACE (DESIGN.md "Composer", FACTS.md §1). Each block ``i`` gets a gate
-``Linear(hidden, K + 1)`` with bias that reads the block's input hidden state; slot 0 is the base (no
+``Linear(hidden, K + 1)`` with bias that reads the block's input hidden state (RMS-normalised, without
+parameters, so its scale does not depend on depth or model); slot 0 is the base (no
 adapter), slot ``k`` the k-th capability adapter. Its per-token choice applies to every adapted
 projection of the block:
 
@@ -41,6 +42,7 @@ from .adapters import AdapterRef, ComposeError, block_of, check_same_base, extra
 COMPOSE_FILE = "compose.json"
 GATES_FILE = "gates.safetensors"
 FORMAT_VERSION = 1
+ROUTINGS = ("token", "per_episode")
 
 
 @dataclass
@@ -84,7 +86,12 @@ class BlockRouter:
                 self.choice = slots.view(batch, seq)
             self.dispatch = _dispatch(slots.view(n, 1), weights, owner.num_experts)
             return
-        logits = self.gate(hidden.to(self.gate.weight.dtype))
+        # The gate reads the block's input RMS-normalised (no parameters): the residual stream's scale
+        # grows with depth and differs between models, and a scale-free input gives every block's gate
+        # the same effective learning rate.
+        x = hidden.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        logits = self.gate(x.to(self.gate.weight.dtype))
         self.logits = logits if owner.keep_logits else None
         probs = torch.softmax(logits.float(), dim=-1).to(hidden.dtype).reshape(n, -1)
         weights, slots = probs.topk(owner.top_k, dim=-1)
@@ -311,13 +318,15 @@ class ComposedModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                        check_hashes: bool = True, top_k: int | None = None) -> "ComposedModel":
+                        check_hashes: bool = True, top_k: int | None = None,
+                        routing: str | None = None) -> "ComposedModel":
         """Load a composed folder: the base and adapters it references (hash-checked), then its gates.
 
         Args:
             path: a folder holding ``compose.json`` and ``gates.safetensors``.
             check_hashes: refuse a base or adapter whose files changed since composing (recommended).
             top_k: override the saved top-k (e.g. to evaluate a top-1-trained router at top-2).
+            routing: override the saved routing (``"token"`` or ``"per_episode"``).
         """
         from safetensors.torch import load_file
 
@@ -340,7 +349,7 @@ class ComposedModel(nn.Module):
         model = cls.build(raw["base"], {a["name"]: a["path"] for a in raw["adapters"]},
                           top_k=top_k or raw["top_k"], base_bias=raw["base_bias"], dtype=dtype, device=device)
         model.spec.training = raw.get("training")
-        model.spec.routing = raw.get("routing", "token")
+        model.routing = routing or raw.get("routing", "token")
         state = load_file(str(path / GATES_FILE))
         expected = {f"gates.{i}.{k}" for i, g in enumerate(model.gates) for k in g.state_dict()}
         if set(state) != expected:
@@ -355,10 +364,39 @@ class ComposedModel(nn.Module):
 
     # ------------------------------------------------------------------ use
     def forward(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
+        with self._episode_routing(args, kwargs):
+            return self.model(*args, **kwargs)
 
     def generate(self, *args, **kwargs):
-        return self.model.generate(*args, **kwargs)
+        with self._episode_routing(args, kwargs):
+            return self.model.generate(*args, **kwargs)
+
+    @property
+    def routing(self) -> str:
+        """``"token"`` (the gates route every token) or ``"per_episode"`` (one adapter per episode)."""
+        return self.spec.routing
+
+    @routing.setter
+    def routing(self, value: str) -> None:
+        if value not in ROUTINGS:
+            raise ComposeError(f"routing must be one of {', '.join(ROUTINGS)}, got {value!r}")
+        self.spec.routing = value
+
+    def episode_router(self):
+        """The :class:`~trace_train.compose.PerEpisodeRouter` used when ``routing == "per_episode"``."""
+        if self.__dict__.get("_episode_router") is None:
+            from .baselines import PerEpisodeRouter
+
+            self.__dict__["_episode_router"] = PerEpisodeRouter.for_model(self)
+        return self.__dict__["_episode_router"]
+
+    def _episode_routing(self, args, kwargs):
+        if self.spec.routing != "per_episode" or self.forced is not None:
+            return contextlib.nullcontext()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            raise ComposeError("per-episode routing needs input_ids (the first observation decides the adapter)")
+        return self.force_routing(self.episode_router().choose(ids, kwargs.get("attention_mask")))
 
     def __getattr__(self, name: str):
         try:

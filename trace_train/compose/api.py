@@ -1,0 +1,157 @@
+"""``compose()``: stage four of TRACE end to end — build, train the gates, save, measure, baselines.
+
+Reads the K capability adapters (``trace train`` outputs) and trajectory files, writes one folder::
+
+    <out>/compose.json, gates.safetensors, tokenizer files   the composed model (HFAgent loads <out>)
+    <out>/router_log.csv, router_loss.png                    gate training
+    <out>/routing.csv, routing.png                           share of tokens per expert, per env and role
+    <out>/baselines/linear/, baselines/ties/                 PEFT merges (adapter folders)
+    <out>/baselines/per_episode/                             one adapter per episode (a composed folder)
+    <out>/methods.json                                       how to load every method for `trace eval`
+
+``methods.json`` maps a method name to ``{"model": ..., "adapter": ...}``, the arguments of
+:class:`trace_train.agents.HFAgent`, for the composed model, each baseline and each single adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from .adapters import ComposeError, resolve_adapters
+from .baselines import MERGE_METHODS, merge_adapters
+from .data import encode, is_successful, label_slots, read_trajectories
+from .model import COMPOSE_FILE, ComposedModel
+from .train import RouterTrainConfig, routing_stats, train_router, write_routing, write_train_log
+
+logger = logging.getLogger(__name__)
+
+BASELINES = ("linear", "ties", "per_episode")
+
+
+@dataclass
+class ComposeResult:
+    """What :func:`compose` wrote.
+
+    Attributes:
+        out_dir: the composed model's folder (``HFAgent(out_dir)`` / ``ComposedModel.from_pretrained``).
+        routing_csv, heatmap_png: routing statistics (None without trajectories).
+        train_log_csv, loss_png: router training log and curve (None when not trained).
+        baselines: method name -> folder (merged adapters, the per-episode composed folder).
+        methods_json: every method's HFAgent arguments.
+        episodes: successful episodes the router trained on.
+        labelled_envs: env id -> adapter name used by the label loss.
+    """
+
+    out_dir: Path
+    routing_csv: Path | None = None
+    heatmap_png: Path | None = None
+    train_log_csv: Path | None = None
+    loss_png: Path | None = None
+    baselines: dict[str, Path] = field(default_factory=dict)
+    methods_json: Path | None = None
+    episodes: int = 0
+    labelled_envs: dict[str, str] = field(default_factory=dict)
+
+
+def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data: str | Path | Sequence[Any] | None,
+            out: str | Path, top_k: int = 1, train: RouterTrainConfig | None = None,
+            adapter_envs: Mapping[str, Sequence[str]] | None = None, baselines: Sequence[str] = BASELINES,
+            min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
+            base_bias: float = 5.0, threads: int | None = 1, device: str = "cpu",
+            progress: bool = True) -> ComposeResult:
+    """Compose K capability adapters into one token-routed model and write it with its baselines.
+
+    Args:
+        base: the base model folder the adapters were trained on.
+        adapters: PEFT LoRA adapter folders, ``name=folder`` strings or ``{name: folder}`` (slot k = k-th).
+        data: trajectory JSONL files or folders; the successful episodes train the gates, all of them
+            (up to ``stats_episodes`` per env) give the routing statistics. ``None`` writes fresh gates
+            (the composed model is then the base model).
+        out: output folder.
+        top_k: slots per token (1 = the paper's default; 2, 4 for the ablation).
+        train: router training settings (:class:`RouterTrainConfig`; FACTS.md §1 defaults).
+        adapter_envs: adapter name -> env ids whose episodes it labels (default: the env whose
+            capability is the adapter's name, e.g. ``trace/precondition_verification-v0``).
+        baselines: which of ``linear``, ``ties``, ``per_episode`` to build as well.
+        min_reward: count an episode as successful at reward >= this (default: its ``success`` flag).
+        max_length: tokens per episode at most (longer ones are cut).
+        stats_episodes: episodes per env for the routing statistics.
+        base_bias: initial bias of the base slot.
+        threads: ``torch.set_num_threads`` (None leaves it alone).
+        device: torch device.
+        progress: tqdm bars.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        raise ComposeError(f"unknown baselines {sorted(unknown)}; choose from {', '.join(BASELINES)}")
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    # Everything that can be wrong with the inputs is checked before the model loads or anything is written.
+    refs = resolve_adapters(adapters)
+    named = {r.name: str(r.path) for r in refs}
+    records = read_trajectories(data) if data else []
+    if data and not records:
+        raise ComposeError(f"{data}: no trajectories found")
+    slots = label_slots(records, list(named), {k: list(v) for k, v in (adapter_envs or {}).items()})
+    successful = [r for r in records if is_successful(r, min_reward)]
+    if records and not successful:
+        raise ComposeError(f"none of the {len(records)} trajectories succeeded; the router learns from "
+                           "successful episodes (lower --min-reward, or roll out each adapter on its own env)")
+    model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device)
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    result = ComposeResult(out_dir=out)
+    result.labelled_envs = {env: model.adapter_names[s - 1] for env, s in sorted(slots.items())}
+    if records and not slots and (train or RouterTrainConfig()).label_coef > 0:
+        logger.warning("no trajectory's env matches an adapter name; the label loss is off (name adapters "
+                       "NAME=DIR after their capability, or pass adapter_envs)")
+    encoded = [encode(tokenizer, r, slots.get(r["env_id"]), max_length) for r in successful]
+    result.episodes = len(encoded)
+    out.mkdir(parents=True, exist_ok=True)
+    if encoded:
+        log = train_router(model, encoded, train, progress=progress)
+        result.train_log_csv, result.loss_png = write_train_log(log, out)
+    model.save_pretrained(out, tokenizer=tokenizer)
+
+    if records:
+        per_env: dict[str, int] = {}
+        sample = []
+        for r in records:
+            if per_env.get(r["env_id"], 0) < stats_episodes:
+                per_env[r["env_id"]] = per_env.get(r["env_id"], 0) + 1
+                sample.append(encode(tokenizer, r, slots.get(r["env_id"]), max_length))
+        rows = routing_stats(model, sample, progress=progress)
+        result.routing_csv, result.heatmap_png = write_routing(rows, model.slot_names(), out)
+
+    methods: dict[str, dict] = {"composed": {"model": str(out.resolve()), "adapter": None}}
+    for method in baselines:
+        folder = out / "baselines" / method
+        if method in MERGE_METHODS:
+            try:
+                merge_adapters(base, named, folder, method=method)
+            except ComposeError as exc:  # e.g. a linear merge of adapters of different ranks
+                logger.warning("baseline %s skipped: %s", method, exc)
+                continue
+            methods[method] = {"model": str(Path(base).resolve()), "adapter": str(folder.resolve())}
+        else:
+            if folder.exists():
+                shutil.rmtree(folder)
+            shutil.copytree(out, folder, ignore=shutil.ignore_patterns("baselines", "*.png", "*.csv", "methods.json"))
+            spec = json.loads((folder / COMPOSE_FILE).read_text())
+            spec["routing"] = "per_episode"
+            (folder / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+            methods[method] = {"model": str(folder.resolve()), "adapter": None}
+        result.baselines[method] = folder
+    for name, path in named.items():
+        methods[f"adapter:{name}"] = {"model": str(Path(base).resolve()), "adapter": path}
+    result.methods_json = out / "methods.json"
+    result.methods_json.write_text(json.dumps(methods, indent=2) + "\n")
+    return result
