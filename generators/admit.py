@@ -437,6 +437,8 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
             # the process ended in the middle of a check: a crash, the kernel's OOM killer, os._exit, ...
             row = rows.get(_row_name(current) or "import") or rows["import"]
             row.status, row.reason = "failed", _died(code, cfg.memory_mb) + (f" during {current!r}" if current else "")
+        if not rows["import"].passed:
+            second.kill()  # nothing to compare with; do not wait for a second hang
         for event in second.events(max(deadline, time.monotonic() + 30), time.monotonic() + cfg.import_timeout_s):
             if event["event"] == "digest":
                 digests["second"] = event.get("digests")

@@ -161,26 +161,26 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
     taken = _taken_ids(ws)
     version = ws.next_version(capability, taken)
     env_id = ws.env_id(capability, version)
-    report: AdmissionReport | None = None
-    n = 0
+    result: GenerationResult | None = None
     history: list[tuple[str, AdmissionReport]] = []
     from .offline import VARIANTS
 
     limit = attempts if agent is not None else min(attempts, len(VARIANTS))
-    for n in range(1, limit + 1):
+    for n in range(1, limit + 1):  # noqa: B007 - n is the attempt number
         attempt_dir = folder / f"attempt_{n}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
         if agent is None:
             try:
                 rendered = render(spec, env_id=env_id, run_id=run_id, spec_name=spec_path.name, variant=n - 1)
                 source = rendered.source
                 if any(source == previous for previous, _ in history):
                     break  # this family has no more conservative variant to try
+                attempt_dir.mkdir(parents=True, exist_ok=True)
                 (attempt_dir / "template.json").write_text(json.dumps(rendered.notes, indent=2) + "\n",
                                                            encoding="utf-8")
             except NoTemplate as exc:
                 return _failed(capability, attempt_dir, env_id, target_env, str(exc), n, folder)
         else:
+            attempt_dir.mkdir(parents=True, exist_ok=True)
             try:
                 schemas = target_tool_schemas(target_env, spec.get("tool_schemas"))
             except (KeyError, ValueError) as exc:
@@ -188,22 +188,55 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
                                folder)
             source = agent.write_module(spec, env_id=env_id, capability=capability, target_schemas=schemas,
                                         history=history, attempt_dir=attempt_dir)
-        (attempt_dir / "module.py").write_text(source, encoding="utf-8")
-        report = admit(source, env_id=env_id, capability=capability, target_env=target_env, work_dir=attempt_dir,
-                       taken_ids=taken, spec_schemas=spec.get("tool_schemas"), config=cfg)
-        report_json, report_md = report.write(attempt_dir / "module")
+        result, report = _admit_attempt(source, capability=capability, target_env=target_env, ws=ws,
+                                        attempt_dir=attempt_dir, env_id=env_id, version=version, taken=taken,
+                                        spec_schemas=spec.get("tool_schemas"), run_id=run_id, cfg=cfg)
+        result.attempts, result.run_dir = n, folder
         history.append((source, report))
-        if report.admitted:
-            try:
-                target = _target_name(target_env)
-                module, rj, rm = ws.install(source, report.registration, capability=capability, version=version,
-                                            target=target, origin=f"generated:{run_id}", report=report)
-            except (WorkspaceError, FileExistsError) as exc:
-                return GenerationResult(capability, False, None, None, report_json, report_md, n,
-                                        f"registry: {exc}", folder)
-            return GenerationResult(capability, True, env_id, module, rj, rm, n, None, folder)
-    assert report is not None
-    return GenerationResult(capability, False, None, None, report_json, report_md, n, report.reason, folder)
+        if result.admitted or (result.reason or "").startswith("registry:"):
+            return result
+    assert result is not None
+    return result
+
+
+def admit_module(source: str, *, capability: str, target_env: str, workspace, run_dir=None,
+                 spec_schemas: list[dict] | None = None, config: AdmissionConfig | None = None,
+                 run_id: str | None = None) -> GenerationResult:
+    """Admit one module (written by hand, by an LLM or a template) and register it if it passes.
+
+    The module's ``REGISTRATION["id"]`` must be the workspace's next id for ``capability``
+    (``gen/<capability>-vN``; :meth:`Workspace.next_version`). The attempt (module and report) is kept in
+    ``run_dir`` (default: beside the workspace); only an admitted module goes to the workspace.
+    """
+    ws = Workspace(workspace).init()
+    run_id = run_id or new_run_id()
+    attempt_dir = Path(run_dir) if run_dir is not None else ws.root.parent / "generate-runs" / run_id / capability
+    taken = _taken_ids(ws)
+    version = ws.next_version(capability, taken)
+    result, _ = _admit_attempt(source, capability=capability, target_env=target_env, ws=ws, attempt_dir=attempt_dir,
+                               env_id=ws.env_id(capability, version), version=version, taken=taken,
+                               spec_schemas=spec_schemas, run_id=run_id, cfg=config or AdmissionConfig())
+    return result
+
+
+def _admit_attempt(source: str, *, capability: str, target_env: str, ws: Workspace, attempt_dir: Path, env_id: str,
+                   version: int, taken: set[str], spec_schemas, run_id: str,
+                   cfg: AdmissionConfig) -> tuple[GenerationResult, AdmissionReport]:
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    (attempt_dir / "module.py").write_text(source, encoding="utf-8")
+    report = admit(source, env_id=env_id, capability=capability, target_env=target_env, work_dir=attempt_dir,
+                   taken_ids=taken, spec_schemas=spec_schemas, config=cfg)
+    report_json, report_md = report.write(attempt_dir / "module")
+    if not report.admitted:
+        return GenerationResult(capability, False, None, None, report_json, report_md, 1, report.reason,
+                                attempt_dir), report
+    try:
+        module, rj, rm = ws.install(source, report.registration, capability=capability, version=version,
+                                    target=_target_name(target_env), origin=f"generated:{run_id}", report=report)
+    except (WorkspaceError, FileExistsError) as exc:
+        return GenerationResult(capability, False, None, None, report_json, report_md, 1, f"registry: {exc}",
+                                attempt_dir), report
+    return GenerationResult(capability, True, env_id, module, rj, rm, 1, None, attempt_dir), report
 
 
 def _target_name(target_env: str) -> str:

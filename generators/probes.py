@@ -109,7 +109,7 @@ def probe_agents(seed: int) -> list[Any]:
 PROBE_BOUNDS = {"probe:empty": 0.45, "probe:random": 0.45, "probe:write_all": 0.7, "probe:refuse": 0.45,
                 "probe:echo": 0.45}
 #: Upper bound on each probe's success rate (reward 1.0): no probe should ever solve a task.
-PROBE_SUCCESS_BOUND = 0.125
+PROBE_SUCCESS_BOUND = 0.25
 
 
 def deficit_agent(capability: str) -> Any:

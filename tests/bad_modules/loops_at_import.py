@@ -1,0 +1,14 @@
+# expect: import :: timed out
+"""Defect: never finishes importing."""
+from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
+
+REGISTRATION = {"id": "gen/precondition_verification-v0", "class": "BadEnv", "max_episode_steps": 30,
+                "kwargs": {"domain": "airline"}, "description": "a module of the bad-module corpus"}
+
+
+while True:
+    pass
+
+
+class BadEnv(PreconditionVerificationEnv):
+    pass

@@ -1,0 +1,13 @@
+# expect: no file writes :: writing
+"""Defect: writes a file outside any workspace."""
+from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
+
+REGISTRATION = {"id": "gen/precondition_verification-v0", "class": "BadEnv", "max_episode_steps": 30,
+                "kwargs": {"domain": "airline"}, "description": "a module of the bad-module corpus"}
+
+
+class BadEnv(PreconditionVerificationEnv):
+    def _generate_task(self, options):
+        with open("/tmp/trace_bad_module_wrote_this", "w") as fh:
+            fh.write("pwned")
+        return super()._generate_task(options)

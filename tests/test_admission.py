@@ -1,0 +1,96 @@
+"""Admission of generated env modules: the bad-module corpus is rejected, each for its own defect.
+
+Every module in ``tests/bad_modules/`` is the built-in precondition env plus one defect, and names
+the report row that must reject it (``# expect: <row> :: <words>``). Each is admitted through the
+public entry point (:func:`generators.pipeline.admit_module`) into a fresh workspace: it must be
+rejected by that row with a reason naming the defect, nothing may be registered or written outside
+the run directory, and no process may outlive the admission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from generators.admit import AdmissionConfig
+from generators.pipeline import admit_module
+from generators.static import static_check
+from generators.workspace import Workspace
+
+CORPUS = Path(__file__).resolve().parent / "bad_modules"
+BAD = sorted(p for p in CORPUS.glob("*.py"))
+LEAK = Path("/tmp/trace_bad_module_wrote_this")
+#: Small sizes: the corpus needs each defect caught, not a precise calibration.
+LIGHT = AdmissionConfig(timeout_s=120, import_timeout_s=12, n_seeds=4, digest_seeds=3, probe_seeds=6,
+                        calibration_groups=4, calibration_group_size=8)
+
+
+def _expect(path: Path) -> tuple[str, str]:
+    m = re.match(r"# expect: (.+?) :: (.+)", path.read_text(encoding="utf-8").splitlines()[0])
+    assert m, f"{path.name} must start with '# expect: <row> :: <words>'"
+    return m.group(1).strip(), m.group(2).strip()
+
+
+def _children() -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            out |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
+def test_the_corpus_covers_every_defect_the_issue_lists():
+    assert len(BAD) >= 14
+    rows = {_expect(p)[0] for p in BAD}
+    assert {"id is new", "source parses", "import", "probe: empty", "probe: write_all", "rewards in [0, 1]",
+            "conformance: oracle scores 1.0", "tool schemas identical to the target's",
+            "no tool the target lacks"} <= rows
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_module_is_rejected_for_its_defect(path, tmp_path):
+    row_name, words = _expect(path)
+    workspace, run = tmp_path / "ws", tmp_path / "run"
+    LEAK.unlink(missing_ok=True)
+    before = _children()
+    result = admit_module(path.read_text(encoding="utf-8"), capability="precondition_verification",
+                          target_env="trace/tau_airline-v0", workspace=workspace, run_dir=run, config=LIGHT)
+    report = json.loads(result.report_json.read_text())
+    rows = {r["name"]: r for r in report["checks"]}
+    print(f"\n{path.stem}: {result.reason}")
+    assert not result.admitted and result.env_id is None and result.module is None
+    assert rows[row_name]["status"] == "failed", (row_name, rows[row_name])
+    assert words.lower() in rows[row_name]["reason"].lower(), rows[row_name]["reason"]
+    assert result.reason and report["admitted"] is False
+    # the Markdown report has a row per check
+    md = result.report_md.read_text()
+    assert md.count("\n| ") >= len(report["checks"]) and "REJECTED" in md
+    # nothing registered, nothing in the workspace but its empty registry, nothing written elsewhere
+    assert Workspace(workspace).ids() == [] and list((workspace / "envs").iterdir()) == []
+    assert result.report_json.parent == run
+    assert not LEAK.exists()
+    # no process outlives the admission
+    assert _children() <= before
+
+
+def test_static_checks_name_the_line_and_construct():
+    findings, registration = static_check("import os\nx = eval('1')\nopen('f', mode='a')\nREGISTRATION = 3\n")
+    assert "line 1" in str(findings["imports on the allow-list"][0]) and "os" in str(findings["imports on the "
+                                                                                              "allow-list"][0])
+    assert "eval" in str(findings["no dynamic code"][0]) and "line 2" in str(findings["no dynamic code"][0])
+    assert "mode 'a'" in str(findings["no file writes"][0])
+    assert registration is None and findings["registration block"]
+    clean, reg = static_check('from trace_envs.capabilities.swe_localization import SweLocalizationEnv\n'
+                              'REGISTRATION = {"id": "gen/x-v0", "class": "E", "max_episode_steps": 5, '
+                              '"description": "d", "answer_tools": ["submit_location"]}\n'
+                              'class E(SweLocalizationEnv):\n    def __init__(self):\n        super().__init__()\n')
+    assert not any(clean.values()) and reg["answer_tools"] == ["submit_location"]
+    _, bad_answer = static_check('REGISTRATION = {"id": "gen/x-v0", "class": "E", "max_episode_steps": 5, '
+                                 '"description": "d", "answer_tools": ["get_everything"]}\nclass E: pass\n')
+    assert bad_answer is None
