@@ -35,6 +35,16 @@ GET = hermes_tool_call("get_stock", {"warehouse_id": "WH-01"})
 DEEP = "[" * 5000 + "]" * 5000
 
 
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+NESTED = _nested(5000)
+
+
 @dataclass
 class Bad:
     """One malformed turn: the action, a phrase the error must contain, and where it is caught."""
@@ -109,6 +119,39 @@ BAD_ACTIONS = [
     Bad("bytes that are not UTF-8", b"\xff\xfe\xfa", "bytes that are not valid UTF-8"),
     Bad("deeply nested JSON", _hermes_raw('{"name": "get_stock", "arguments": {"warehouse_id": ' + DEEP + "}}"),
         "nested too deeply"),
+    Bad("JSON nested just past the depth limit", _hermes_raw(
+        '{"name": "get_stock", "arguments": {"warehouse_id": ' + "[" * 64 + "]" * 64 + "}}"), "nested too deeply"),
+    Bad("a dict action nested thousands deep", _openai({"name": "get_stock", "arguments": {"warehouse_id": NESTED}}),
+        "nested too deeply"),
+    Bad("lone surrogate escape in an argument", _hermes_raw('{"name": "get_stock", "arguments": '
+                                                            '{"warehouse_id": "WH-\\ud800"}}'), "lone surrogate (\\ud800)"),
+    Bad("lone surrogate escape in a key", '{"name": "get_stock", "arguments": {"\\udfff": "WH-01"}}',
+        "a key with a lone surrogate (\\udfff)"),
+    Bad("lone surrogate escape in the tool name", _hermes_raw('{"name": "get_stock\\udbff", "arguments": {}}'),
+        "lone surrogate"),
+    Bad("lone surrogate in an OpenAI arguments string", _openai({"name": "get_stock",
+                                                                 "arguments": '{"warehouse_id": "\\ud83d"}'}),
+        "lone surrogate"),
+    Bad("lone surrogate in an OpenAI call id", {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "\ud800", "type": "function", "function": {"name": "get_stock", "arguments": "{}"}}]}, "lone surrogate"),
+    Bad("integer past the digit limit in JSON text", '{"name": "get_stock", "arguments": {"warehouse_id": '
+        + "9" * 5000 + "}}", "5,000 digits"),
+    Bad("integer past Python's own digit limit", _openai({"name": "get_stock", "arguments": '{"warehouse_id": '
+                                                          + "9" * 4301 + "}"}), "4,301 digits"),
+    Bad("huge Python int in a dict action", _openai({"name": "get_stock", "arguments": {"warehouse_id": 10 ** 5000}}),
+        "integer with about 5,001 digits"),
+    Bad("content part whose text is not a string", {"role": "assistant", "content": [{"type": "text", "text": 5}]},
+        'the "text" of content part 0 must be a string, got int'),
+    Bad("content part that is not an object", {"role": "assistant", "content": ["hi"]}, "content part 0 must be"),
+    Bad("a 3 MB tool name in a dict action", _openai({"name": "n" * 3_000_000, "arguments": {}}),
+        "longer than 65,536 characters"),
+    Bad("a 3 MB call id in a dict action", {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "i" * 3_000_000, "type": "function", "function": {"name": "get_stock", "arguments": "{}"}}]},
+        "longer than 65,536 characters"),
+    Bad("a non-JSON object in a dict action", _openai({"name": "get_stock", "arguments": {"warehouse_id": {1, 2}}}),
+        "is a set, which is not JSON data"),
+    Bad("a non-string key in a dict action", _openai({"name": "get_stock", "arguments": {("a",): 1}}),
+        "that is not a string"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Literal, Optional, TypedDict
 
 import pytest
@@ -292,6 +293,42 @@ def test_unknown_tool_and_non_object_arguments() -> None:
     assert "not_a_tool" not in unknown.content
     not_object = tools.call("dump", [5])
     assert not not_object.ok and "the arguments of dump must be a JSON object, got array [5]" in not_object.content
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, float("1e999")], ids=["nan", "inf", "-inf", "1e999"])
+def test_non_finite_numbers_are_rejected_wherever_a_number_is_expected(value: float) -> None:
+    kit = Toolkit()
+    tools = ToolSet(kit)
+    top = tools.call("search", {**GOOD_SEARCH, "max_price": value})
+    assert not top.ok and f"max_price must be a finite number, got {value}" in top.content
+    as_int = tools.call("search", {**GOOD_SEARCH, "passengers": value})
+    assert not as_int.ok and "passengers must be integer" in as_int.content
+    in_dict = tools.call("search", {**GOOD_SEARCH, "extras": {"bags": value}})
+    assert not in_dict.ok and "extras.bags must be integer" in in_dict.content
+    assert kit.calls == []
+    # the same number, finite, is fine
+    assert tools.call("search", {**GOOD_SEARCH, "max_price": 1e308}).ok
+
+
+def test_a_call_with_many_problems_gets_a_short_error() -> None:
+    result = ToolSet(Toolkit()).call("search", {**GOOD_SEARCH, **{f"bogus_{i}": i for i in range(5_000)}})
+    assert not result.ok
+    assert "and 4990 more" in result.content and len(result.content) < 2_000
+
+
+def test_unknown_names_are_echoed_only_in_part() -> None:
+    result = ToolSet(Toolkit()).call("n" * 60_000, {})
+    assert not result.ok and "unknown tool 'nnnn" in result.content and len(result.content) < 500
+    odd = ToolSet(Toolkit()).call({"deep": list(range(10_000))}, {})
+    assert not odd.ok and len(odd.content) < 500
+
+
+def test_arguments_too_deep_to_validate_are_an_error_not_a_raise() -> None:
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    result = ToolSet(Toolkit()).call("search", {**GOOD_SEARCH, "tags": deep})
+    assert not result.ok and "could not be checked" in result.content
 
 
 def test_tool_error_becomes_an_error_message() -> None:
