@@ -11,7 +11,10 @@ together with ``reward_breakdown``, ``success`` and ``termination``.
 Subclasses implement a few hooks (see "Hooks" below); the base class owns
 parsing, validation, the transcript, error handling and termination, so that
 every environment — built-in, contributed or generated — behaves the same way
-for the same malformed input.
+for the same malformed input. It also guarantees, whatever a hook returns, that
+every observation lies inside ``observation_space`` (valid Unicode, cut to its
+``max_length``), that every string in the transcript encodes to UTF-8, and that
+``info["tools"]`` is the episode's own copy of the schemas.
 """
 
 from __future__ import annotations

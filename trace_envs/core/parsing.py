@@ -10,6 +10,16 @@ An agent's turn arrives in one of four shapes (DESIGN.md, "Action"):
 :func:`parse_action` turns any of them into a :class:`ParsedAction`. Anything
 it cannot read becomes a :class:`ParsedAction` with ``error`` set, phrased so
 that the agent can fix its next turn; the parser itself never raises.
+
+The parser is also where hostile input stops, once for every environment: a turn
+(or a dict action's JSON size) over :data:`MAX_ACTION_CHARS`, control characters,
+lone surrogates (raw, or written as a JSON escape such as ``"\\ud800"`` in an
+argument, a key, a tool name or an id), JSON nested deeper than
+:data:`MAX_JSON_DEPTH`, integers longer than :data:`MAX_INT_DIGITS` digits and
+non-JSON objects in a dict action are all rejected here, so that nothing behind
+the parser (validation, tools, the transcript, trajectory files) ever sees them.
+Non-finite numbers (``NaN``, ``Infinity``, ``1e999``) are valid JSON to Python and
+are rejected later, by schema validation, wherever a number is expected.
 """
 
 from __future__ import annotations
