@@ -375,7 +375,7 @@ def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path
             if "reward" not in logs:
                 return
             last = rollouts.last if rollouts is not None else {}
-            rollout_s = last.get("rollout_s", math.nan)
+            rollout_s = last.get("rollout_s")  # None with rollout: trl (TRL's loop is not timed by phase)
             row = {"step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
                    "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
                    "informative_before_resampling": last.get("informative_before_resampling",
@@ -386,7 +386,7 @@ def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path
                    "clipped_ratio": logs.get("completions/clipped_ratio"), "loss": logs.get("loss"),
                    "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
                    "generation_s": last.get("generation_s"), "env_s": last.get("env_s"), "rollout_s": rollout_s,
-                   "forward_backward_s": (self.step_s - self.optimizer_s - rollout_s) if rollouts else None,
+                   "forward_backward_s": (self.step_s - self.optimizer_s - rollout_s) if rollout_s else None,
                    "optimizer_s": self.optimizer_s, "step_s": self.step_s,
                    "reward_by_env": json.dumps(last.get("reward_by_env", {}), sort_keys=True)}
             self.rows.append(row)
