@@ -138,12 +138,16 @@ def test_mixed_routing_per_token_matches_each_tokens_expert(setup, composed):
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 4])
-def test_sparse_equals_dense_under_learned_gates(setup, top_k):
-    """Gate-driven routing over every slot: grouping tokens by expert changes nothing but the cost."""
+@pytest.mark.parametrize("batch,seq,small_step", [(3, 31, 16), (2, 5, 16), (2, 5, 0)],
+                         ids=["grouped", "stacked-small-step", "grouped-small-step"])
+def test_sparse_equals_dense_under_learned_gates(setup, top_k, batch, seq, small_step):
+    """Gate-driven routing over every slot: grouping tokens by expert (or, for a step of few tokens,
+    stacking the experts and masking) changes nothing but the cost."""
     base, adapters, _ = setup
     model = ComposedModel.build(base, adapters, top_k=top_k)
+    model.small_step_tokens = small_step
     scramble_gates(model)
-    ids = tokens(base, batch=3, seq=31)
+    ids = tokens(base, batch=batch, seq=seq)
     with torch.no_grad(), model.recording() as routers:
         sparse = model(ids).logits
         used = torch.cat([r.choice.flatten() for r in routers]).unique()

@@ -53,11 +53,25 @@ class Dispatch:
         token_idx: flat token index of each assignment, sorted by expert (``None`` = all tokens in order).
         weights: gating weight of each assignment (``p`` of the chosen slot; 1.0 when forced).
         segments: ``(expert, start, end)`` over the sorted assignments, experts numbered from 0.
+        dense: for a step of few tokens (decoding), the ``(tokens, K)`` gating weights instead of the
+            sorted assignments: the projections then run every expert's stacked ``A`` and ``B`` as two
+            matmuls and mask, since at a handful of tokens the cost is in the number of calls, not FLOPs.
     """
 
     token_idx: torch.Tensor | None
-    weights: torch.Tensor
+    weights: torch.Tensor | None
     segments: list[tuple[int, int, int]]
+    dense: torch.Tensor | None = None
+    _masks: dict | None = None
+
+    def mask(self, ranks: tuple[int, ...]) -> torch.Tensor:
+        """``dense`` spread over each expert's rank columns (cached per rank layout, shared in the block)."""
+        if self._masks is None:
+            self._masks = {}
+        if ranks not in self._masks:
+            reps = torch.tensor(ranks, device=self.dense.device)
+            self._masks[ranks] = self.dense.repeat_interleave(reps, dim=1)
+        return self._masks[ranks]
 
 
 class BlockRouter:
@@ -84,7 +98,7 @@ class BlockRouter:
             self.logits = None
             if owner.keep_choices:
                 self.choice = slots.view(batch, seq)
-            self.dispatch = _dispatch(slots.view(n, 1), weights, owner.num_experts)
+            self.dispatch = _dispatch(slots.view(n, 1), weights, owner.num_experts, owner.small_step_tokens)
             return
         # The gate reads the block's input RMS-normalised (no parameters): the residual stream's scale
         # grows with depth and differs between models, and a scale-free input gives every block's gate
@@ -97,7 +111,7 @@ class BlockRouter:
         weights, slots = probs.topk(owner.top_k, dim=-1)
         if owner.keep_choices:
             self.choice = slots[:, 0].view(batch, seq).detach()
-        self.dispatch = _dispatch(slots, weights, owner.num_experts)
+        self.dispatch = _dispatch(slots, weights, owner.num_experts, owner.small_step_tokens)
 
 
 def _forced_slots(forced: int | torch.Tensor, batch: int, seq: int, device) -> torch.Tensor:
@@ -113,9 +127,16 @@ def _forced_slots(forced: int | torch.Tensor, batch: int, seq: int, device) -> t
     return f.reshape(-1)
 
 
-def _dispatch(slots: torch.Tensor, weights: torch.Tensor, num_experts: int) -> Dispatch:
-    """Sort the (token, slot) assignments by expert, dropping those sent to the base (slot 0)."""
+def _dispatch(slots: torch.Tensor, weights: torch.Tensor, num_experts: int, small_step: int = 0) -> Dispatch:
+    """Sort the (token, slot) assignments by expert, dropping those sent to the base (slot 0).
+
+    A step of at most ``small_step`` tokens gets the dense ``(tokens, K)`` weights instead (no sort,
+    no host sync).
+    """
     n, k = slots.shape
+    if n <= small_step:
+        dense = weights.new_zeros(n, num_experts + 1).scatter_add_(1, slots, weights)[:, 1:]
+        return Dispatch(None, None, [], dense=dense)
     flat_slots = slots.reshape(-1)
     counts = torch.bincount(flat_slots, minlength=num_experts + 1).tolist()  # one host sync per block
     routed = n * k - counts[0]
@@ -152,6 +173,11 @@ class RoutedLoRALinear(nn.Module):
                                    f"Linear({base.in_features}, {base.out_features})")
             self.register_buffer(f"lora_A_{k}", a.to(base.weight.dtype), persistent=False)
             self.register_buffer(f"lora_B_{k}", b.to(base.weight.dtype), persistent=False)
+        # Every expert stacked, for steps of few tokens (Dispatch.dense).
+        self.ranks = tuple(int(a.shape[0]) for a, _ in experts)
+        self.register_buffer("lora_A_all", torch.cat([a for a, _ in experts]).to(base.weight.dtype), persistent=False)
+        self.register_buffer("lora_B_all", torch.cat([b for _, b in experts], dim=1).to(base.weight.dtype),
+                             persistent=False)
 
     def expert(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return getattr(self, f"lora_A_{k}"), getattr(self, f"lora_B_{k}")
@@ -163,11 +189,14 @@ class RoutedLoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         d = self.router.dispatch
-        if d is None or not d.segments:
+        if d is None or (not d.segments and d.dense is None):
             return out
         flat = x.reshape(-1, x.shape[-1])
         if self.router.owner.mode == "dense":
             return out + self._dense(flat, d).view_as(out)
+        if d.dense is not None:  # a step of few tokens: stacked experts, masked
+            h = (flat @ self.lora_A_all.t()) * d.mask(self.ranks).to(flat.dtype)
+            return out + (h @ self.lora_B_all.t()).view_as(out)
         if d.token_idx is None:  # one expert for every token
             delta = self.expert_delta(flat, d.segments[0][0]) * d.weights.unsqueeze(-1)
             return out + delta.view_as(out)
@@ -183,10 +212,13 @@ class RoutedLoRALinear(nn.Module):
         total = flat.new_zeros(n, self.base.out_features)
         idx = d.token_idx if d.token_idx is not None else torch.arange(n, device=flat.device)
         for k in range(self.num_experts):
-            w = flat.new_zeros(n)
-            for e, s, t in d.segments:
-                if e == k:
-                    w = w.index_add(0, idx[s:t], d.weights[s:t].to(flat.dtype))
+            if d.dense is not None:
+                w = d.dense[:, k].to(flat.dtype)
+            else:
+                w = flat.new_zeros(n)
+                for e, s, t in d.segments:
+                    if e == k:
+                        w = w.index_add(0, idx[s:t], d.weights[s:t].to(flat.dtype))
             total = total + self.expert_delta(flat, k) * w.unsqueeze(-1)
         return total
 
@@ -222,6 +254,9 @@ class ComposedModel(nn.Module):
     Attributes:
         top_k: slots each token is sent to (1 = the paper's top-1; 2 or 4 for the ablation).
         mode: ``"sparse"`` (grouped per expert, the default) or ``"dense"`` (every expert, masked).
+        small_step_tokens: forwards of at most this many tokens (decoding steps) run the experts stacked
+            and masked — two matmuls instead of a pair per expert — since there the number of calls,
+            not FLOPs, is the cost (0 = always grouped).
         forced: ``None`` (the gates decide), a slot for every token, a ``(batch,)`` slot per sequence,
             or a ``(batch, seq)`` slot per token; set it with :meth:`force_routing`.
     """
@@ -240,6 +275,7 @@ class ComposedModel(nn.Module):
         self.forced: int | torch.Tensor | None = None
         self.keep_logits = False
         self.keep_choices = False
+        self.small_step_tokens = 16
         for p in model.parameters():
             p.requires_grad_(False)
         blocks = _decoder_layers(model)
