@@ -16,6 +16,7 @@ The checks are those of DESIGN.md ("Conformance"):
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 import warnings
@@ -38,6 +39,49 @@ GARBAGE_ACTIONS: list[Any] = [
     12345,
     None,
 ]
+
+
+def hostile_actions(tool_name: str, argument: str) -> list[Any]:
+    """Turns that once broke environments through the shared core (issue 18), aimed at one real tool.
+
+    Lone surrogates as JSON escapes, integers past Python's digit limit, non-string content parts, nesting
+    thousands deep, a multi-megabyte tool name in a dict action, a non-finite number. Each must come back
+    as an error observation inside the observation space, never as ``env_error``.
+    """
+    deep: Any = {}
+    for _ in range(20_000):
+        deep = {"a": deep}
+    call = '{"name": "%s", "arguments": {"%s": %s}}'
+    return [
+        "<tool_call>" + call % (tool_name, argument, '"\\ud800"') + "</tool_call>",
+        "<tool_call>" + call % (tool_name, "\\udfff", "1") + "</tool_call>",
+        '{"name": "\\udbff", "arguments": {}}',
+        {"role": "assistant", "content": "hi " + json.loads('"\\ud800"')},
+        call % (tool_name, argument, "9" * 5_000),
+        "<tool_call>" + call % (tool_name, argument, "[" * 5_000 + "]" * 5_000) + "</tool_call>",
+        call % (tool_name, argument, "NaN"),
+        {"role": "assistant", "content": [{"type": "text", "text": 5}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": tool_name, "arguments": {argument: 10 ** 5_000}}}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": tool_name, "arguments": {argument: deep}}}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "n" * 3_000_000, "arguments": {}}}]},
+    ]
+
+
+def _check_step_result(env: gym.Env, what: str, obs: Any, reward: float, info: dict) -> None:
+    """The contract every step keeps, whatever the action: text inside the space, a writable transcript."""
+    if not isinstance(obs, str) or not env.observation_space.contains(obs):
+        raise ConformanceError(f"{what} gave an observation outside the observation space ({obs!r:.80})")
+    if not (0.0 <= reward < 1.0):
+        raise ConformanceError(f"{what} gave reward {reward}")
+    if info.get("termination") == "env_error":
+        raise ConformanceError(f"{what} ended the episode with env_error ({obs!r:.120})")
+    try:
+        json.dumps(info.get("messages", []), ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise ConformanceError(f"after {what}, info['messages'] cannot be written as UTF-8 JSON ({exc})") from None
 
 
 @dataclass
@@ -156,8 +200,15 @@ def check_bad_actions(env_id: str, kwargs: dict, seeds: list[int]) -> str:
             for i, action in enumerate(GARBAGE_ACTIONS):
                 env.reset(seed=seed)
                 obs, reward, terminated, truncated, info = env.step(action)
-                if not isinstance(obs, str) or not (0.0 <= reward < 1.0):
-                    raise ConformanceError(f"garbage action #{i} gave obs={obs!r:.80} reward={reward}")
+                _check_step_result(env, f"garbage action #{i}", obs, reward, info)
+            _, info = env.reset(seed=seed)
+            tools = [t["function"] for t in info.get("tools", [])]
+            name = tools[0]["name"] if tools else "no_such_tool"
+            props = list(tools[0]["parameters"].get("properties", {})) if tools else []
+            for i, action in enumerate(hostile_actions(name, props[0] if props else "x")):
+                env.reset(seed=seed)
+                obs, reward, terminated, truncated, info = env.step(action)
+                _check_step_result(env, f"hostile action #{i}", obs, reward, info)
             for agent in (ScriptedAgent([""], name="empty"), ScriptedAgent(["<tool_call>{bad"], name="garbage"),
                           RandomAgent(seed)):
                 record = _run(env, agent, seed)
