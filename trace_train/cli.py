@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "swe",
     "diagnose",
     "generate",
+    "run",
     "train",
     "compose",
 ]

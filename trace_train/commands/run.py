@@ -1,0 +1,67 @@
+"""``trace run``: the whole TRACE loop — rollout → diagnose → generate → train → compose → evaluate — and its report.
+
+    trace run                                   # the embedded default: CPU, the tiny model, τ² airline
+    trace run examples/configs/gpu_qwen3.yaml   # a config (YAML, one section per stage)
+    trace run CONFIG --dry-run                  # the plan, with a time estimate per stage
+    trace run CONFIG --from train               # re-run train and everything after it
+    trace run CONFIG --out runs/other           # another run directory
+
+Everything goes into one run directory (``stages.json``, one folder per stage, ``report.md`` and a
+self-contained ``report.html``). Running the same command again after an interruption resumes: finished
+stages whose inputs did not change are skipped, and the interrupted stage continues where it can.
+The config schema is documented in :mod:`trace_train.pipeline_config` and ``examples/configs/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import CommandError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="the whole TRACE loop in one run directory, with a report",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", help="a run config (YAML); default: the embedded CPU default")
+    p.add_argument("--out", help="the run directory (overrides the config's `out`)")
+    p.add_argument("--from", dest="from_stage", metavar="STAGE",
+                   help="re-run this stage and every later one (base, rollout, diagnose, generate, train, compose, "
+                        "evaluate)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan with a time estimate per stage, run nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_run)
+
+
+def load_run_config(path: str | None, out: str | None):
+    from trace_train.pipeline_config import ConfigError, embedded_default, load_config
+
+    try:
+        return load_config(path, out=out) if path else embedded_default(out=out)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def cmd_run(args) -> int:
+    from trace_train.pipeline import Pipeline, PipelineError, format_plan
+    from trace_train.pipeline_config import ConfigError
+
+    cfg = load_run_config(args.config, args.out)
+    pipeline = Pipeline(cfg, progress=not args.no_progress)
+    try:
+        plan = pipeline.plan(args.from_stage)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+    source = args.config or "the embedded default (CPU, tiny model, τ² airline target)"
+    print(f"trace run: {source} -> {cfg.out}\n")
+    print(format_plan(plan) + "\n", flush=True)
+    if args.dry_run:
+        return 0
+    try:
+        result = pipeline.run(from_stage=args.from_stage)
+    except (ConfigError, PipelineError) as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"\ntrace run: finished in {result.seconds / 60:.1f} min "
+          f"(ran: {', '.join(result.ran) or 'nothing'}; skipped: {', '.join(result.skipped) or 'nothing'})")
+    if result.report_md:
+        print(f"report: {result.report_md}  {result.report_html}")
+    return 0

@@ -1,0 +1,577 @@
+"""The stages of ``trace run`` (:mod:`trace_train.pipeline` runs them and keeps their bookkeeping).
+
+Each ``run_<stage>(ctx)`` reads only the files earlier stages wrote into the run directory, writes its own
+(DESIGN.md, "Run directory") and returns ``(outputs, summary)``. Each ``estimate_<stage>(ctx)`` returns the
+expected seconds (or None) and a one-line note for ``--dry-run``; the per-unit times are constants measured on
+a 2-core CPU with the tiny model (noisy: the machine was shared), so they are rough by design.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from .pipeline_config import BaseSection, ConfigError, parse_seeds
+
+logger = logging.getLogger(__name__)
+
+# Rough per-unit seconds on a 2-core CPU (see the module docstring).
+SECONDS_PER_SCRIPTED_EPISODE = 0.05
+SECONDS_PER_TINY_EPISODE = 1.0        # tiny model, compact τ² prompt, batched across 16 open episodes
+SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 requests in flight
+SECONDS_PER_LABEL_OFFLINE = 0.01
+SECONDS_PER_ADMISSION = 60.0          # issue 14's goal for admitting one generated τ² env
+SECONDS_PER_GRPO_STEP_TINY = 8.0
+SECONDS_PER_SFT_STEP_TINY = 1.7       # README: an SFT step of the tiny model on the airline target
+SECONDS_PER_ROUTER_RUN_TINY = 60.0
+SECONDS_BOOTSTRAP_SETUP = 90.0        # building the tiny model and collecting the oracle episodes
+
+
+def _prefix_key(run_dir: Path) -> str:
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+
+
+# ----------------------------------------------------------------------------- base
+
+
+def tiny_bootstrap_config(section: BaseSection, target: str):
+    """The :class:`~trace_train.models.BootstrapConfig` of the base warm-up (``base.bootstrap`` over defaults)."""
+    from trace_train.models import BootstrapConfig
+
+    known = {f.name for f in fields(BootstrapConfig)}
+    unknown = sorted(set(section.bootstrap) - known)
+    if unknown:
+        raise ConfigError(f"base.bootstrap.{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
+    kwargs = {"target": target, "preset": section.preset, "threads": section.threads, "device": section.device,
+              **section.bootstrap}
+    for key in ("exclude_scenarios",):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
+    try:
+        return BootstrapConfig(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"base.bootstrap: {exc}") from None
+
+
+def tiny_base_cache_dir(bcfg) -> Path:
+    """Where the warmed-up base lives in the model cache: keyed by the warm-up's settings and the code version."""
+    from trace_train.models import BUILD_VERSION, cache_root
+
+    data = {k: v for k, v in asdict(bcfg).items() if k != "out"}
+    key = hashlib.sha256(json.dumps({"cfg": data, "build": BUILD_VERSION}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:12]
+    return cache_root() / f"run-base-{bcfg.target.replace('/', '_')}-{key}"
+
+
+def _cached_base(path: Path) -> bool:
+    meta = path / "trace_model.json"
+    if not meta.is_file():
+        return False
+    try:
+        return "bootstrap" in json.loads(meta.read_text())
+    except json.JSONDecodeError:
+        return False
+
+
+def run_base(ctx) -> tuple[list[str], dict]:
+    b = ctx.cfg.base
+    target = ctx.cfg.rollout.targets[0]
+    info: dict[str, Any] = {"kind": b.kind}
+    outputs = ["base/base.json"]
+    if b.kind == "tiny":
+        from trace_train.models import bootstrap_model, model_metadata
+
+        bcfg = tiny_bootstrap_config(b, target)
+        path = tiny_base_cache_dir(bcfg)
+        cached = _cached_base(path)
+        if not cached:
+            # Train into a temporary folder and rename: a killed warm-up never leaves a half-saved "cached" model.
+            tmp = path.with_name(path.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            bcfg.out = str(tmp)
+            bootstrap_model(bcfg, progress=ctx.progress)
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.rename(path)
+        meta = model_metadata(path).get("bootstrap", {})
+        info.update(model_path=str(path), cached=cached, warmup={
+            "target": meta.get("target"), "steps": meta.get("steps"), "examples": meta.get("examples"),
+            "train_seconds": meta.get("train_seconds"), "exclude_scenarios": meta.get("exclude_scenarios"),
+            "scenario_counts": meta.get("scenario_counts"), "final_loss": meta.get("final_loss")})
+        if (path / "loss_curve.png").exists():
+            ctx.path("base").mkdir(parents=True, exist_ok=True)
+            shutil.copy(path / "loss_curve.png", ctx.path("base", "warmup_loss.png"))
+            outputs.append("base/warmup_loss.png")
+        outputs.append(str(path))
+    elif b.kind == "hf":
+        info["model_path"] = b.model
+        if Path(b.model).exists():
+            outputs.append(str(Path(b.model).resolve()))
+    elif b.kind == "openai":
+        info.update(model=b.model, base_url=b.base_url)
+    else:
+        info.update(agent=b.agent, agent_kwargs=b.agent_kwargs)
+        _scripted_agent(b)  # fail here, not in the rollouts, if the name is wrong
+    _check_targets(ctx)
+    ctx.path("base").mkdir(parents=True, exist_ok=True)
+    (ctx.path("base", "base.json")).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return outputs, info
+
+
+def estimate_base(ctx) -> tuple[float | None, str]:
+    b = ctx.cfg.base
+    if b.kind != "tiny":
+        return 1.0, f"{b.kind} base agent: nothing to prepare"
+    try:
+        bcfg = tiny_bootstrap_config(b, ctx.cfg.rollout.targets[0])
+    except ConfigError as exc:
+        return None, str(exc)
+    if _cached_base(tiny_base_cache_dir(bcfg)):
+        return 1.0, "tiny base warm-up cached (by content)"
+    train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * SECONDS_PER_SFT_STEP_TINY
+    return SECONDS_BOOTSTRAP_SETUP + train, (f"warm-up of the {bcfg.preset} model on {bcfg.target} "
+                                             f"({'%.0f min budget' % (train / 60)}; cached afterwards)")
+
+
+def _check_targets(ctx) -> None:
+    import trace_envs
+
+    registries = [str(ctx.workspace)] if (ctx.workspace / "registry.yaml").exists() else []
+    for path in registries:
+        trace_envs.load_registry(path)
+    for env_id in ctx.cfg.rollout.targets:
+        try:
+            trace_envs.get_entry(env_id)
+        except KeyError:
+            raise ConfigError(f"rollout.targets: unknown env id {env_id!r}; `trace envs list` shows the "
+                              "registered ones") from None
+
+
+def _scripted_agent(b: BaseSection):
+    from trace_envs.agents import agent_names, make_agent
+
+    try:
+        return make_agent(b.agent, **b.agent_kwargs)
+    except KeyError:
+        raise ConfigError(f"base.agent: unknown agent {b.agent!r}; choose one of {', '.join(agent_names())}") from None
+    except TypeError as exc:
+        raise ConfigError(f"base.agent_kwargs: {exc}") from None
+
+
+def base_model_path(ctx) -> str | None:
+    """The local model the adapters are trained on: ``train.model`` or the base agent's own model."""
+    return ctx.cfg.train.model or ctx.summary("base").get("model_path")
+
+
+def model_env_kwargs_fn(model: str | None, extra: dict | None = None):
+    """``env_id -> gym.make kwargs``: the kwargs a model built here was trained with, then ``extra``."""
+    from trace_train.models import model_env_kwargs
+
+    def kwargs(env_id: str) -> dict:
+        base = {}
+        if model and Path(model, "trace_model.json").exists():
+            base = model_env_kwargs(model, env_id)
+        return {**base, **(extra or {})}
+
+    return kwargs
+
+
+def make_base_agent(ctx, temperature: float | None = None):
+    """The base agent of the run and its ``env_id -> env kwargs`` function."""
+    b = ctx.cfg.base
+    temp = b.temperature if temperature is None else temperature
+    extra = ctx.cfg.rollout.env_kwargs
+    if b.kind in ("tiny", "hf"):
+        from trace_train.agents import HFAgent
+
+        model = ctx.summary("base")["model_path"]
+        return (HFAgent(model, threads=b.threads, device=b.device, max_new_tokens=b.max_new_tokens,
+                        temperature=temp, seed=ctx.cfg.seed, name="base"), model_env_kwargs_fn(model, extra))
+    if b.kind == "openai":
+        from trace_train.agents import OpenAIChatAgent
+
+        return (OpenAIChatAgent(b.model, base_url=b.base_url, api_key=b.api_key, temperature=temp,
+                                max_tokens=b.max_new_tokens), lambda env_id: dict(extra))
+    return _scripted_agent(b), lambda env_id: dict(extra)
+
+
+def _episode_seconds(ctx) -> float:
+    kind = ctx.cfg.base.kind
+    return {"scripted": SECONDS_PER_SCRIPTED_EPISODE, "openai": SECONDS_PER_ENDPOINT_EPISODE}.get(
+        kind, SECONDS_PER_TINY_EPISODE)
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+def run_rollout(ctx) -> tuple[list[str], dict]:
+    from trace_train.rollouts import run_rollouts
+
+    r = ctx.cfg.rollout
+    _check_targets(ctx)
+    agent, env_kwargs = make_base_agent(ctx)
+    out = ctx.path("rollouts", "trajectories.jsonl")
+    try:
+        summary = run_rollouts(r.targets, agent, parse_seeds("rollout.seeds", r.seeds), samples=r.samples, out=out,
+                               in_flight=r.in_flight, env_kwargs=env_kwargs, progress=ctx.progress, agent_name="base")
+    finally:
+        close = getattr(agent, "close", None)
+        if callable(close):
+            close()
+    return ["rollouts/trajectories.jsonl"], {
+        "episodes": summary.total, "resumed_from": summary.skipped, "mean_reward": summary.mean_reward,
+        "success_rate": summary.success_rate, "targets": list(r.targets)}
+
+
+def estimate_rollout(ctx) -> tuple[float | None, str]:
+    r = ctx.cfg.rollout
+    n = len(r.targets) * len(parse_seeds("rollout.seeds", r.seeds)) * r.samples
+    return n * _episode_seconds(ctx), f"{n} episodes of the base agent"
+
+
+# ----------------------------------------------------------------------------- diagnose
+
+
+def run_diagnose(ctx) -> tuple[list[str], dict]:
+    from trace_train.analysis import LLMConfig, Thresholds, diagnose
+
+    d = ctx.cfg.diagnose
+    llm = LLMConfig(base_url=d.llm_url, model=d.llm_model, runs=d.runs) if d.llm_url else None
+    result = diagnose(ctx.path("rollouts", "trajectories.jsonl"), ctx.path("diagnosis"), llm=llm,
+                      thresholds=Thresholds(min_delta=d.min_delta, min_coverage=d.min_coverage),
+                      offline_runs=d.runs)
+    by_delta = sorted((s for s in result.scores if s.retained), key=lambda s: -(s.mean_delta or 0.0))
+    selected = [s.name for s in by_delta[:d.max_capabilities]]
+    return ["diagnosis"], {"retained": list(result.retained), "selected": selected,
+                           "labeler": result.data.get("labeler"),
+                           "dropped_by_max_capabilities": [s.name for s in by_delta[d.max_capabilities:]]}
+
+
+def estimate_diagnose(ctx) -> tuple[float | None, str]:
+    r, d = ctx.cfg.rollout, ctx.cfg.diagnose
+    n = len(r.targets) * len(parse_seeds("rollout.seeds", r.seeds)) * r.samples
+    if d.llm_url:
+        return None, f"LLM labelling of {n} trajectories × {d.runs} runs on {d.llm_url}"
+    return 5.0 + n * SECONDS_PER_LABEL_OFFLINE * d.runs, f"offline labeler on {n} trajectories"
+
+
+def _selected(ctx) -> list[str]:
+    return list(ctx.summary("diagnose").get("selected", []))
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+def run_generate(ctx) -> tuple[list[str], dict]:
+    from generators import generate
+
+    g = ctx.cfg.generate
+    specs = [ctx.path("diagnosis", "specs", f"{c}.json") for c in _selected(ctx)]
+    specs = [s for s in specs if s.exists()]
+    ctx.path("generate").mkdir(parents=True, exist_ok=True)
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    results = generate(specs, ctx.workspace, run_dir=ctx.path("generate"), llm_url=g.llm_url, model=g.llm_model,
+                       attempts=g.attempts, progress=ctx.progress) if specs else []
+    rows = [{"capability": r.capability, "admitted": bool(r.admitted), "env_id": r.env_id,
+             "module": str(r.module) if r.module else None, "report_json": str(r.report_json),
+             "report_md": str(r.report_md), "attempts": r.attempts, "reason": r.reason} for r in results]
+    (ctx.path("generate", "results.json")).write_text(json.dumps(rows, indent=2) + "\n")
+    outputs = ["generate"]
+    if ctx.workspace.resolve().is_relative_to(ctx.run_dir.resolve()):
+        outputs.append(str(ctx.workspace.resolve().relative_to(ctx.run_dir.resolve())))
+    return outputs, {"admitted": {r["capability"]: r["env_id"] for r in rows if r["admitted"]},
+                     "rejected": [r["capability"] for r in rows if not r["admitted"]],
+                     "workspace": str(ctx.workspace), "generator": "llm" if g.llm_url else "offline"}
+
+
+def estimate_generate(ctx) -> tuple[float | None, str]:
+    n = _selected(ctx)
+    k = len(n) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
+    g = ctx.cfg.generate
+    if g.llm_url:
+        return None, f"LLM generation on {g.llm_url}, up to {g.attempts} attempts per capability"
+    return k * SECONDS_PER_ADMISSION, f"offline generation + admission of {'≤' if not ctx.done('diagnose') else ''}{k} envs"
+
+
+def capability_envs(ctx) -> dict[str, dict]:
+    """Per selected capability, the env its adapter trains on: the admitted generated env when there is one,
+    else the hand-written registered env of that capability (``trace/<capability>-v0``), marked so."""
+    import trace_envs
+
+    admitted = ctx.summary("generate").get("admitted", {}) if ctx.done("generate") else {}
+    if admitted and (ctx.workspace / "registry.yaml").exists():
+        trace_envs.load_registry(str(ctx.workspace))
+    out = {}
+    for cap in _selected(ctx):
+        if cap in admitted and admitted[cap]:
+            out[cap] = {"env_id": admitted[cap], "source": "generated"}
+            continue
+        env_id = f"trace/{cap}-v0"
+        try:
+            trace_envs.get_entry(env_id)
+        except KeyError:
+            continue
+        gen = ctx.state["stages"].get("generate", {}).get("status")
+        why = "generation was not available in this build" if gen == "unavailable" else "no admitted generated env"
+        out[cap] = {"env_id": env_id, "source": f"hand-written ({why})"}
+    return out
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False) -> dict:
+    """Train (or find already trained) one adapter into ``train/<name>/``; returns its result record."""
+    from trace_train.grpo import TrainConfig, train
+
+    out = ctx.path("train", name)
+    done_file = out / "result.json"
+    if done_file.exists():  # finished before an interruption: keep it
+        return json.loads(done_file.read_text())
+    t = ctx.cfg.train
+    registry = [str(ctx.workspace)] if (ctx.workspace / "registry.yaml").exists() else []
+    # The trainer applies the kwargs the model was warmed up with (e.g. the compact prompt) by itself;
+    # train.options.env_kwargs override them. An interrupted adapter continues from its last checkpoint.
+    checkpoints = out / "run" / "checkpoints"
+    resume = checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))
+    kwargs = {"progress": ctx.progress, **t.options, "env_ids": list(env_ids), "model": base_model_path(ctx),
+              "output_dir": str(out / "run"), "device": ctx.cfg.base.device, "registry": registry, "sft": sft,
+              "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
+    try:
+        cfg = TrainConfig(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"train.options: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"train: {exc}") from None
+    t0 = time.perf_counter()
+    result = train(cfg)
+    record = {"name": name, "env_ids": list(env_ids), "sft": sft, "adapter_dir": str(result.adapter_dir),
+              "log_csv": str(result.log_csv), "curve_png": str(result.curve_png) if result.curve_png else None,
+              "steps": int(result.steps), "rollouts": int(result.rollouts), "calibration": result.calibration,
+              "seconds": round(time.perf_counter() - t0, 2)}
+    done_file.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return record
+
+
+def run_train(ctx) -> tuple[list[str], dict]:
+    t = ctx.cfg.train
+    if not base_model_path(ctx):
+        raise ConfigError("train.model is required: the base agent has no local weights to train adapters on")
+    envs = capability_envs(ctx)
+    ctx.path("train").mkdir(parents=True, exist_ok=True)
+    adapters = {}
+    for cap, env in envs.items():
+        adapters[cap] = _train_one(ctx, cap, [env["env_id"]], t.max_steps) | {"source": env["source"]}
+    baselines = {}
+    env_ids = [e["env_id"] for e in envs.values()]
+    if env_ids and t.multi_baseline and len(env_ids) > 1:
+        baselines["multi"] = _train_one(ctx, "_multi", env_ids, t.multi_steps or t.max_steps * len(env_ids))
+    if env_ids and t.sft_baseline:
+        baselines["sft"] = _train_one(ctx, "_sft", env_ids, t.sft_steps, sft=True)
+    (ctx.path("train", "results.json")).write_text(json.dumps({"adapters": adapters, "baselines": baselines},
+                                                              indent=2, default=str) + "\n")
+    missing = [c for c in _selected(ctx) if c not in envs]
+    return ["train"], {"adapters": {c: a["adapter_dir"] for c, a in adapters.items()},
+                       "baselines": {k: v["adapter_dir"] for k, v in baselines.items()},
+                       "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()}}
+
+
+def estimate_train(ctx) -> tuple[float | None, str]:
+    t = ctx.cfg.train
+    k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
+    model = t.model or (ctx.summary("base").get("model_path") if ctx.cfg.base.kind != "tiny" else "tiny")
+    if model != "tiny" and not (model and Path(model, "trace_model.json").exists()):
+        return None, f"{k} adapters × {t.max_steps} GRPO steps (time depends on the model and the GPUs)"
+    steps = k * t.max_steps + (t.multi_steps or t.max_steps * k) * t.multi_baseline * (k > 1)
+    return (steps * SECONDS_PER_GRPO_STEP_TINY + t.sft_baseline * t.sft_steps * SECONDS_PER_SFT_STEP_TINY,
+            f"{k} adapters × {t.max_steps} GRPO steps + baselines")
+
+
+# ----------------------------------------------------------------------------- compose
+
+
+def _adapters(ctx) -> dict[str, str]:
+    return dict(ctx.summary("train").get("adapters", {})) if ctx.done("train") else {}
+
+
+def run_compose(ctx) -> tuple[list[str], dict]:
+    from trace_envs import OracleAgent
+    from trace_train import compose as C
+    from trace_train.rollouts import run_rollouts
+
+    c = ctx.cfg.compose
+    adapters = _adapters(ctx)
+    if len(adapters) < 1:
+        ctx.path("compose").mkdir(parents=True, exist_ok=True)
+        (ctx.path("compose", "results.json")).write_text(json.dumps({"note": "no adapters to compose"}) + "\n")
+        return ["compose"], {"note": "no adapters were trained, nothing to compose"}
+    model = base_model_path(ctx)
+    envs = capability_envs(ctx)
+    names = list(adapters)
+    # The gates learn from successful trajectories of each capability env; the oracle's are successful by
+    # construction and carry the env id that the optional label loss maps to its adapter. Seeds far from
+    # the training and evaluation seeds.
+    data = []
+    for cap in names:
+        path = ctx.path("compose", "data", f"{cap}.jsonl")
+        run_rollouts(envs[cap]["env_id"], OracleAgent(), range(500_000, 500_000 + c.router_seeds), out=path,
+                     env_kwargs=model_env_kwargs_fn(model), progress=False, agent_name="oracle")
+        data.append(str(path))
+    baselines = [m for m in c.merges] + (["per_episode"] if c.per_episode and len(names) > 1 else [])
+    options = {"progress": ctx.progress, "device": ctx.cfg.base.device, "threads": ctx.cfg.base.threads,
+               **c.options}
+    res = C.compose(model, {n: adapters[n] for n in names}, data, ctx.path("compose", "moe"), top_k=c.top_k,
+                    adapter_envs={n: [envs[n]["env_id"]] for n in names}, baselines=baselines, **options)
+    methods = json.loads(Path(res.methods_json).read_text()) if res.methods_json else {}
+    results = {"adapters": adapters, "data": data, "router_episodes": len(names) * c.router_seeds,
+               "router_trained_on": res.episodes,
+               "moe": {"out_dir": str(res.out_dir), "routing_csv": _str(res.routing_csv),
+                       "heatmap_png": _str(res.heatmap_png), "loss_png": _str(res.loss_png)},
+               "methods": methods, "skipped_baselines": [m for m in baselines if m not in methods]}
+    (ctx.path("compose", "results.json")).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return ["compose"], {k: v for k, v in results.items() if k != "data"}
+
+
+def _str(p: Any) -> str | None:
+    return None if p is None else str(p)
+
+
+def estimate_compose(ctx) -> tuple[float | None, str]:
+    c = ctx.cfg.compose
+    k = len(_adapters(ctx)) or ctx.cfg.diagnose.max_capabilities
+    return (SECONDS_PER_ROUTER_RUN_TINY + 10 * len(c.merges) + k * c.router_seeds * SECONDS_PER_SCRIPTED_EPISODE,
+            f"router over {k} adapters, {len(c.merges)} merges")
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
+    """The methods to evaluate, as ``(key, label, make_agent, rollouts_spent, note)``; ``make_agent`` is None
+    for a method this run does not have (``note`` says why)."""
+    from trace_train.agents import HFAgent
+
+    e, b = ctx.cfg.evaluate, ctx.cfg.base
+    model = base_model_path(ctx)
+    train = ctx.summary("train") if ctx.done("train") else {}
+    comp = ctx.summary("compose") if ctx.done("compose") else {}
+    spent = train.get("rollouts", {})
+    adapters = train.get("adapters", {})
+    total_adapter_rollouts = sum(spent.get(c, 0) for c in adapters)
+
+    def hf(path: str, adapter: str | None = None):
+        return lambda: HFAgent(path, adapter=adapter, threads=b.threads, device=b.device,
+                               max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed)
+
+    def why_missing(stage: str) -> str:
+        entry = ctx.state["stages"].get(stage, {})
+        status = entry.get("status", "pending")
+        if status == "unavailable":
+            return f"not in this run: the {stage} stage is not available in this build"
+        if status != "done":
+            return f"not in this run: the {stage} stage did not finish ({status})"
+        return f"not in this run: the {stage} stage produced none"
+
+    rows: list[tuple[str, str, Any, int, str]] = []
+    wanted = set(e.methods)
+    if "base" in wanted:
+        rows.append(("base", "base", lambda: make_base_agent(ctx, temperature=e.temperature)[0], 0, ""))
+    if "sft" in wanted:
+        a = train.get("baselines", {}).get("sft")
+        rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("_sft", spent.get("sft", 0)),
+                     "" if a else why_missing("train")))
+    if "adapters" in wanted:
+        if adapters:
+            for cap, a in adapters.items():
+                rows.append((f"adapter:{cap}", f"single adapter: {cap}", hf(model, a), spent.get(cap, 0), ""))
+        else:
+            rows.append(("adapters", "single-capability adapters", None, 0, why_missing("train")))
+    if "multi" in wanted:
+        a = train.get("baselines", {}).get("multi")
+        note = "" if a else (why_missing("train") if not adapters else "not in this run: needs ≥ 2 capabilities")
+        rows.append(("multi", "multi-capability GRPO (one adapter)", hf(model, a) if a else None,
+                     spent.get("_multi", 0), note))
+    methods = comp.get("methods", {})
+    for method in ("linear", "ties"):
+        if f"merge_{method}" in wanted:
+            m = methods.get(method)
+            note = "" if m else (why_missing("compose") if not comp else f"not in this run: the {method} merge was "
+                                 "not built (see the compose log)" if method in ctx.cfg.compose.merges else
+                                 "not in this run: not in compose.merges")
+            rows.append((f"merge_{method}", f"merge ({method})", hf(m["model"], m["adapter"]) if m else None,
+                         total_adapter_rollouts, note))
+    if "per_episode" in wanted:
+        p = methods.get("per_episode")
+        note = "" if p else (why_missing("compose") if not comp else "not in this run: needs ≥ 2 adapters and "
+                             "compose.per_episode")
+        rows.append(("per_episode", "per-episode routing", hf(p["model"], p["adapter"]) if p else None,
+                     total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
+    if "trace_moe" in wanted:
+        moe = methods.get("composed")
+        rows.append(("trace_moe", "TRACE MoE (token-level top-1)", hf(moe["model"], moe["adapter"]) if moe else None,
+                     total_adapter_rollouts + int(comp.get("router_episodes", 0)), "" if moe else why_missing("compose")))
+    return rows
+
+
+def run_evaluate(ctx) -> tuple[list[str], dict]:
+    from trace_train.evaluate import compare, evaluate
+    from trace_train.rollouts import run_rollouts
+
+    e, r = ctx.cfg.evaluate, ctx.cfg.rollout
+    seeds = parse_seeds("evaluate.seeds", e.seeds)
+    model = base_model_path(ctx)
+    if (ctx.workspace / "registry.yaml").exists():
+        import trace_envs
+
+        trace_envs.load_registry(str(ctx.workspace))
+    results: dict[str, dict] = {}
+    base_traj = ctx.path("eval", "base", "trajectories.jsonl")
+    for key, label, make, spent, note in method_agents(ctx):
+        row: dict[str, Any] = {"label": label, "rollouts_spent": spent, "note": note}
+        if make is None:
+            results[key] = row | {"available": False}
+            continue
+        out = ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl")
+        agent = make()
+        kwargs = (make_base_agent(ctx)[1] if key == "base" else model_env_kwargs_fn(model, r.env_kwargs))
+        try:
+            run_rollouts(r.targets, agent, seeds, samples=e.samples, out=out, in_flight=e.in_flight,
+                         env_kwargs=kwargs, progress=ctx.progress, agent_name=key)
+        finally:
+            close = getattr(agent, "close", None)
+            if callable(close):
+                close()
+        metrics = evaluate(out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
+        row |= {"available": True, "trajectories": str(out.relative_to(ctx.run_dir)), "overall": metrics["overall"],
+                "by_scenario": metrics["by_scenario"]}
+        if key != "base" and base_traj.exists():
+            cmp = compare(base_traj, out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
+            row["delta_vs_base"] = cmp["delta"]
+            row["tasks_vs_base"] = cmp["tasks"]
+        (out.parent / "metrics.json").write_text(json.dumps(row, indent=2, default=str) + "\n")
+        results[key] = row
+    _write_results(ctx.path("eval", "results.json"), results, seeds, e)
+    return ["eval"], {"methods": {k: (v.get("overall", {}).get("pass@1") or {}).get("value")
+                                  for k, v in results.items() if v.get("available")},
+                      "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
+
+
+def _write_results(path: Path, results: dict, seeds: list[int], e) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"seeds": [min(seeds), max(seeds) + 1], "n_seeds": len(seeds), "samples": e.samples,
+                                "ks": e.ks, "temperature": e.temperature, "methods": results},
+                               indent=2, default=str) + "\n")
+
+
+def estimate_evaluate(ctx) -> tuple[float | None, str]:
+    e, r = ctx.cfg.evaluate, ctx.cfg.rollout
+    n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
+    k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
+    methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
+    per = SECONDS_PER_TINY_EPISODE if ctx.cfg.base.kind != "scripted" else SECONDS_PER_TINY_EPISODE / 2
+    return n * methods * per, f"≤ {methods} methods × {n} held-out episodes"
