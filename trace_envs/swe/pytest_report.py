@@ -59,6 +59,8 @@ def pytest_sessionfinish(session, exitstatus):
         return
     # "pending" = setup passed but no call was ever reported: not a pass.
     statuses = {k: ("error" if v == "pending" else v) for k, v in _STATUS.items()}
+    fh.seek(0)  # whatever else wrote to the file meanwhile is overwritten and cut off
     fh.write(_dumps({"tests": statuses, "collect_errors": _COLLECT_ERRORS, "exitstatus": int(exitstatus)}))
+    fh.truncate()
     fh.close()
     _REPORT["fh"] = None

@@ -85,6 +85,8 @@ OUTPUT_FILE = f"{HARNESS_DIR}/out"
 REPORT_FILE = f"{HARNESS_DIR}/report.json"
 #: The agent's writable places (tmpfs, each with a size): checked after every command for a full disk.
 WRITABLE_MOUNTS = (WORKDIR, "/tmp", "/dev/shm")
+#: The uid:gid the grader's test run uses: it can read the agent's repository but not write it.
+GRADER_USER = "1001:1001"
 #: A container whose owner vanished exits after this many seconds (and is auto-removed).
 MAX_LIFETIME_S = 3 * 3600
 DEFAULT_OUTPUT_CAP = 20_000
@@ -123,6 +125,8 @@ class CommandResult:
     inner_seconds: float | None = None
     #: the bracketed notes at the end of ``output`` (time-out, out of memory, process limit, full disk)
     notes: tuple[str, ...] = ()
+    #: the content of the ``also_read`` file, read once the command's processes were gone
+    extra: str | None = None
 
     @property
     def body(self) -> str:
@@ -236,8 +240,14 @@ class Sandbox:
         """End every process the agent's commands started (the grader calls this before it trusts the tree)."""
         raise NotImplementedError
 
-    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP,
+            also_read: str | None = None) -> CommandResult:
         raise NotImplementedError
+
+    def run_as_grader(self, command: str, timeout: float = 300.0, max_output: int = DEFAULT_OUTPUT_CAP,
+                      also_read: str | None = None) -> CommandResult:
+        """Run the grader's command where the agent's code cannot write the repository (default: like ``run``)."""
+        return self.run(command, timeout=timeout, max_output=max_output, also_read=also_read)
 
     def write_files(self, files: dict[str, bytes | str]) -> None:
         """Write files (paths relative to the repository root), creating directories as needed."""
@@ -492,30 +502,16 @@ class DockerSandbox(Sandbox):
         except (ValueError, IndexError):
             return -1
 
-    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP,
+            also_read: str | None = None) -> CommandResult:
         """Run ``command`` with bash in the repository root; never longer than ``timeout`` seconds, and no
-        process it started survives it (see the module docstring)."""
+        process it started survives it (see the module docstring). ``also_read``: a file whose content is
+        returned in ``CommandResult.extra``, read after the command's processes are gone."""
         mark = f"{self._MARK}{uuid.uuid4().hex[:16]}"
         secs = max(1, int(timeout + 0.999))
-        half = max(1, max_output // 2)
-        oom = ("{ read -r _ _; read -r _ _; read -r _ %s; } </sys/fs/cgroup/memory/memory.oom_control 2>/dev/null")
-        # One line for the persistent shell. The command's output goes to a file, so waiting for the command
-        # is waiting for its own process, not for whoever holds its stdout; `kill -9 -1` (a builtin: it works
-        # while a fork bomb holds every pid) then ends every other process of the sandbox user. The exit code,
-        # the in-sandbox times, the OOM-kill counter before and after, the output's size and the writable
-        # mounts' free blocks follow a unique marker.
-        pids = "{ read -r _ %s; } </sys/fs/cgroup/pids/pids.events 2>/dev/null"
-        wrapped = (f"cd {WORKDIR} 2>/dev/null; : >{OUTPUT_FILE}; __m0=0; __m1=0; __p0=0; __p1=0; {oom % '__m0'}; "
-                   f"{pids % '__p0'}; __t0=$EPOCHREALTIME; "
-                   f"timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null >{OUTPUT_FILE} 2>&1; __trc=$?; "
-                   f"__t1=$EPOCHREALTIME; kill -9 -1 2>/dev/null; {oom % '__m1'}; {pids % '__p1'}; "
-                   f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
-                   f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
-                   f"tail -c {half} {OUTPUT_FILE}; else cat {OUTPUT_FILE}; fi; "
-                   f"echo; echo {mark} $__trc $__t0 $__t1 $__m0 $__m1 $__n $__p0 $__p1 $__df\n")
         t0 = time.monotonic()
         try:
-            text = self._exchange(wrapped, mark + " ", secs + 15)
+            text = self._exchange(self._wrap(command, secs, max_output, mark, also_read) + "\n", mark + " ", secs + 15)
         except ShellExited:
             if not self.alive():
                 raise
@@ -524,7 +520,62 @@ class DockerSandbox(Sandbox):
             self._exchange(f"kill -9 -1 2>/dev/null; echo {mark} 0\n", mark + " ", 30)
             return CommandResult(137, "[the command killed the sandbox's shell; its processes were ended and a new "
                                       "shell was started]", False, time.monotonic() - t0)
+        return self._result(text, mark, secs, max_output, t0)
+
+    def run_as_grader(self, command: str, timeout: float = 300.0, max_output: int = DEFAULT_OUTPUT_CAP,
+                      also_read: str | None = None) -> CommandResult:
+        """Run ``command`` as :data:`GRADER_USER`, from a fresh ``docker exec``, like :meth:`run` otherwise.
+
+        The grader's test run uses this: the repository belongs to the agent's uid and is only readable to
+        this one, so code of the agent's that runs inside the test process (its library modules) cannot
+        rewrite the restored tests, and no shell the agent's commands ever touched is involved."""
+        mark = f"{self._MARK}{uuid.uuid4().hex[:16]}"
+        secs = max(1, int(timeout + 0.999))
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        t0 = time.monotonic()
+        try:
+            api = self.client.api
+            exec_id = api.exec_create(self.container_id, ["bash", "--noprofile", "--norc", "-c",
+                                                          "exec 2>/dev/null; " + self._wrap(command, secs, max_output,
+                                                                                            mark, also_read)],
+                                      stdout=True, stderr=True, user=GRADER_USER, workdir=WORKDIR)["Id"]
+            raw = api.exec_start(exec_id)
+        except Exception as exc:
+            raise SandboxError(f"the grader's command could not run: {exc}") from exc
+        text = raw.decode("utf-8", errors="replace")
+        if mark + " " not in text:
+            raise SandboxError(f"the grader's command ended without its report: {text[-300:]}")
+        return self._result(text, mark, secs, max_output, t0)
+
+    @staticmethod
+    def _wrap(command: str, secs: int, max_output: int, mark: str, also_read: str | None) -> str:
+        """The shell line that runs one command.
+
+        The command's output goes to a file, so waiting for the command is waiting for its own process, not
+        for whoever holds its stdout; ``kill -9 -1`` (a builtin: it works while a fork bomb holds every pid)
+        then ends every other process of the user. The exit code, the in-sandbox times, the OOM-kill and
+        process-limit counters before and after, the output's size and the writable mounts' free blocks
+        follow a unique marker."""
+        half = max(1, max_output // 2)
+        oom = "{ read -r _ _; read -r _ _; read -r _ %s; } </sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
+        pids = "{ read -r _ %s; } </sys/fs/cgroup/pids/pids.events 2>/dev/null"
+        extra = f"echo {mark}FILE; cat {shlex.quote(also_read)} 2>/dev/null; " if also_read else ""
+        return (f"cd {WORKDIR} 2>/dev/null; : >{OUTPUT_FILE}; __m0=0; __m1=0; __p0=0; __p1=0; {oom % '__m0'}; "
+                f"{pids % '__p0'}; __t0=$EPOCHREALTIME; "
+                f"timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null >{OUTPUT_FILE} 2>&1; __trc=$?; "
+                f"__t1=$EPOCHREALTIME; kill -9 -1 2>/dev/null; {oom % '__m1'}; {pids % '__p1'}; "
+                f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
+                f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
+                f"tail -c {half} {OUTPUT_FILE}; else cat {OUTPUT_FILE}; fi; echo; {extra}"
+                f"echo {mark} $__trc $__t0 $__t1 $__m0 $__m1 $__n $__p0 $__p1 $__df")
+
+    def _result(self, text: str, mark: str, secs: int, max_output: int, t0: float) -> CommandResult:
+        half = max(1, max_output // 2)
         body, _, tail = text.rpartition(mark + " ")
+        extra = None
+        if f"{mark}FILE\n" in body:
+            body, _, extra = body.partition(f"{mark}FILE\n")
         fields = tail.split()
         code = self._exit_code(tail)
         body = body[:-1] if body.endswith("\n") else body  # the echo before the marker
@@ -563,7 +614,7 @@ class DockerSandbox(Sandbox):
         if notes:
             body = (body + "\n" if body and not body.endswith("\n") else body) + "\n".join(notes)
         return CommandResult(code, body, timed_out, time.monotonic() - t0, truncated, oom_killed, tuple(disk_full),
-                             pids_hit, inner, tuple(notes))
+                             pids_hit, inner, tuple(notes), extra)
 
     def kill_user_processes(self, wait_s: float = 10.0) -> None:
         """End every process of the sandbox user — the persistent shell included, whatever was done to it — from
@@ -822,7 +873,8 @@ class LocalSandbox(Sandbox):
         self._bwrap = shutil.which("bwrap")
         self._closed = False
 
-    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP) -> CommandResult:
+    def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP,
+            also_read: str | None = None) -> CommandResult:
         if self._closed:
             raise SandboxError("the sandbox is closed")
         argv = ["bash", "-c", command]
@@ -852,7 +904,13 @@ class LocalSandbox(Sandbox):
         notes = (f"[command timed out after {timeout:.0f}s and was killed]",) if timed_out else ()
         if timed_out:
             text += "\n" + notes[0]
-        return CommandResult(code, text, timed_out, time.monotonic() - t0, truncated, notes=notes)
+        extra = None
+        if also_read:
+            try:
+                extra = Path(also_read).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                extra = ""
+        return CommandResult(code, text, timed_out, time.monotonic() - t0, truncated, notes=notes, extra=extra)
 
     def kill_user_processes(self) -> None:
         """Nothing to do beyond what :meth:`run` does (each command's process group is killed when it returns)."""

@@ -16,7 +16,9 @@ and the trusted dependency directories come first on ``sys.path``, and the repos
 directories only after them, with ``--import-mode=append`` so that pytest's own insertion of test
 directories goes to the end too. Plugins are not auto-loaded from entry points (a ``.dist-info``
 in the repository could name one); those installed in the trusted directories are passed with
-``-p``. Everything but the standard library is imported before the repository is on the path.
+``-p``. Everything but the standard library is imported before the repository is on the path,
+and the process ends with ``os._exit`` once pytest has written its report, so no ``atexit``
+handler registered by the repository's code runs after it.
 
 This file must import nothing but the standard library: it runs inside the sandbox's Python.
 """
@@ -79,4 +81,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(int(main(sys.argv[1:])))
+    code = int(main(sys.argv[1:]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import os
+
+    # The report is written; leave before atexit handlers or finalizers of the repository's code can run.
+    os._exit(code)

@@ -2,14 +2,15 @@
 
 Copied into every sandbox image as ``/opt/trace/bin/trace_tree.py``; run by
 :func:`trace_envs.swe.tasks.restore_for_grading` (after every process of the agent is gone) with
-``python3 -s -S -P`` and a JSON request on stdin. It never runs git: the agent could have planted
+``python3 -I -S`` and a JSON request on stdin. It never runs git: the agent could have planted
 hooks, filters or an ``fsmonitor`` in ``.git``, and the agent's ``HEAD`` is not the instance's.
 
 ``grade``: the reference is the clean tree baked read-only into the image (``/opt/trace/clean``),
 which is also the instance's tree for every protected file (bugs only touch source files).
 
-1. scratch directories (``/tmp``, ``/dev/shm``) are emptied and permissions the agent removed from
-   its own files are given back;
+1. scratch directories (``/tmp``, ``/dev/shm``) are emptied; every file becomes owner-writable and
+   world-readable but writable by nobody else, without ACLs (the grader's test run reads the tree as
+   another uid, which must not be able to change it);
 2. every ``__pycache__`` and ``.pyc`` goes (a forged cache entry would be imported instead of a
    restored test), and so do FIFOs, sockets and every symlink the clean tree does not have;
 3. every protected path (test paths, test-looking files, conftests, pytest/packaging config,
@@ -77,22 +78,39 @@ def _empty(directory):
         _remove(os.path.join(directory, name))
 
 
-def _give_back_permissions(root):
+_ACL_XATTRS = ("system.posix_acl_access", "system.posix_acl_default")
+
+
+def _normal_permissions(path, st):
+    """Owner read/write (and search for directories), readable by all — the grader's test run reads the tree
+    as another uid — and no ACL that could let that uid write (a default ACL would be inherited by the
+    restored files)."""
+    want = 0o755 if stat.S_ISDIR(st.st_mode) else 0o644
     try:
-        os.chmod(root, os.stat(root).st_mode | 0o700)
+        if (st.st_mode & want) != want:
+            os.chmod(path, (st.st_mode | want) & ~0o022)
+        elif st.st_mode & 0o022:
+            os.chmod(path, st.st_mode & ~0o022)
     except OSError:
         pass
+    for name in _ACL_XATTRS:
+        try:
+            os.removexattr(path, name)
+        except (OSError, AttributeError):
+            pass
+
+
+def _give_back_permissions(root):
+    _normal_permissions(root, os.stat(root))
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             full = os.path.join(dirpath, name)
             try:
                 st = os.lstat(full)
-                if stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o700) != 0o700:
-                    os.chmod(full, st.st_mode | 0o700)
-                elif stat.S_ISREG(st.st_mode) and (st.st_mode & 0o600) != 0o600:
-                    os.chmod(full, st.st_mode | 0o600)
             except OSError:
-                pass
+                continue
+            if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                _normal_permissions(full, st)
         dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
 
 
@@ -177,6 +195,7 @@ def grade(request):
     for rel, entry in sorted(clean_entries.items()):
         if rules.protected(rel):
             _place(root, rel, entry)
+    _give_back_permissions(root)
     # The agent's patch: non-protected regular files that differ from the expected tree.
     expected = dict(request.get("expected", {}))  # rel -> sha256 of the bugged version (others: the clean one)
     max_file = int(request.get("max_file", 200_000))

@@ -135,18 +135,20 @@ class TestRun:
 
 
 def run_tests(sandbox, repo: Repo, tests: list[str] | None = None, timeout: float = 120.0,
-              max_output: int = 8000) -> TestRun:
+              max_output: int = 8000, as_grader: bool = False) -> TestRun:
     """Run pytest in ``sandbox`` and read the explicit per-test statuses.
 
     The output keeps its start and its end when it is longer than ``max_output`` (pytest's summary of
-    failures is at the end)."""
+    failures is at the end). The report is read in the same round trip, after every process the test
+    run left is gone. ``as_grader``: run as the grader's uid, which cannot write the repository
+    (:meth:`~trace_envs.swe.sandbox.DockerSandbox.run_as_grader`)."""
     t0 = time.monotonic()
     harness = sandbox.harness
-    result = sandbox.run(repo.pytest_command(tests, harness, sandbox.workdir) + " -rfE", timeout=timeout,
-                         max_output=max_output)
-    report = sandbox.run(f"cat {shlex.quote(harness.report)}", timeout=30, max_output=20_000_000)
+    command = repo.pytest_command(tests, harness, sandbox.workdir) + " -rfE"
+    runner = sandbox.run_as_grader if as_grader else sandbox.run
+    result = runner(command, timeout=timeout, max_output=max_output, also_read=harness.report)
     try:
-        data = json.loads(report.output) if report.exit_code == 0 and not report.truncated else {}
+        data = json.loads(result.extra or "")
     except json.JSONDecodeError:
         data = {}
     if not isinstance(data, dict):
@@ -233,7 +235,9 @@ def _tree_tool(sandbox, action: str, request: dict, timeout: float = 120.0):
     h = sandbox.harness
     payload = json.dumps({"root": sandbox.workdir, "clean": h.clean, "wipe": list(h.wipe), **request})
     eof = f"__TRACE_REQ_{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
-    res = sandbox.run(f"{shlex.quote(h.python)} -s -S -P {shlex.quote(h.tree_tool)} {action} <<'{eof}'\n{payload}\n{eof}",
+    # -I: no PYTHONPATH (the image sets one, into the repository, for the agent's own commands), no user site,
+    # no script directory; -S: no site at all. The tool needs only the standard library.
+    res = sandbox.run(f"{shlex.quote(h.python)} -I -S {shlex.quote(h.tree_tool)} {action} <<'{eof}'\n{payload}\n{eof}",
                       timeout=timeout, max_output=50_000_000)
     try:
         return res, json.loads(res.output) if res.exit_code == 0 else None
@@ -270,11 +274,43 @@ def reset_tree(sandbox, files: dict[str, str]) -> None:
     sandbox.write_files(files)
 
 
+#: Names a library fix has no reason to add, but code that reaches into the test process does: pytest's
+#: machinery, the report plugin or its file, exit hooks, the import system, other processes.
+HARNESS_TOKENS = ("pytest", "pluggy", "trace_pytest_report", "TRACE_PYTEST_REPORT", "/run/trace", "atexit",
+                  "sys.modules", "builtins", "__import__", "importlib", "sys.path", "_exit", "settrace",
+                  "setprofile", "_getframe", "gc.get_", "ctypes", "subprocess", "fork", "os.system", "signal",
+                  "os.environ", "exec(")
+
+
+def harness_tampering(submission: Submission, clean: dict[str, str], bugged: dict[str, str]) -> dict[str, list[str]]:
+    """``{file: [token, ...]}`` for each changed source file that mentions a :data:`HARNESS_TOKENS` name more
+    often than both its clean and its bugged version do.
+
+    The library's modules necessarily run inside the test process, so a change to them could patch pytest
+    or rewrite the report from within; a repair has no use for these names (the gold patch, which
+    restores the clean file, never trips this), and a submission that adds one is graded 0.0. A
+    heuristic second line behind the structural defences (restored tests, a separate uid, a launcher
+    the repository cannot shadow), not a proof."""
+    found: dict[str, list[str]] = {}
+    for path, text in submission.changed.items():
+        if not path.endswith(".py"):
+            continue
+        before = [clean.get(path, ""), bugged.get(path, clean.get(path, ""))]
+        hits = [t for t in HARNESS_TOKENS if text.count(t) > max(b.count(t) for b in before)]
+        if hits:
+            found[path] = hits
+    return found
+
+
 def evaluate_in_sandbox(sandbox, repo: Repo, instance: dict, timeout: float = 300.0,
-                        skip_if_unchanged: bool = True) -> tuple[float, dict]:
+                        skip_if_unchanged: bool = True, tamper_check: bool = True) -> tuple[float, dict]:
     """The reward of the sandbox's current tree: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes
     once the agent's processes are gone and tests, conftests and configuration are restored from the
-    instance (only the agent's changes to non-test files are kept: :func:`restore_for_grading`)."""
+    instance (only the agent's changes to non-test files are kept: :func:`restore_for_grading`), run as
+    a uid that cannot write the repository.
+
+    ``tamper_check=False`` turns off :func:`harness_tampering` (the adversarial tests do, to show what
+    the structural defences hold on their own)."""
     bugged = apply_patch(repo.files, instance["patch"]) if instance.get("patch") else {}
     submission = restore_for_grading(sandbox, repo, bugged)
     breakdown: dict = {"model_patch": submission.patch({**repo.files, **bugged})[:50_000]}
@@ -282,7 +318,11 @@ def evaluate_in_sandbox(sandbox, repo: Repo, instance: dict, timeout: float = 30
         breakdown["dropped"] = submission.dropped[:50]
     if skip_if_unchanged and submission.empty:
         return 0.0, {**breakdown, "reason": "no_changes", "FAIL_TO_PASS": {}, "PASS_TO_PASS": {}}
-    run = run_tests(sandbox, repo, timeout=timeout)
+    tampering = harness_tampering(submission, repo.files, bugged) if tamper_check else {}
+    if tampering:
+        return 0.0, {**breakdown, "reason": "harness_tampering", "detail": tampering, "FAIL_TO_PASS": {},
+                     "PASS_TO_PASS": {}}
+    run = run_tests(sandbox, repo, timeout=timeout, as_grader=True)
     f2p = {t: run.statuses.get(t, "missing") for t in instance["FAIL_TO_PASS"]}
     p2p = {t: run.statuses.get(t, "missing") for t in instance["PASS_TO_PASS"]}
     ok_f2p = sum(s == "passed" for s in f2p.values())
