@@ -121,3 +121,20 @@ def test_cli_errors_are_one_line_and_lose_nothing(run, tmp_path, capsys):
     assert main(args + ["--data", str(failed_only), "--baselines", "soup"]) == 2
     assert "unknown baselines" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_adapters_from_trace_train_label_the_envs_they_were_trained_on(tmp_path):
+    """An adapter folder written by `trace train` names its envs (trace_adapter.json); explicit claims and
+    the capability-name rule fill in the rest; an env claimed twice goes to the first adapter."""
+    from trace_train.compose.data import label_slots, trained_envs
+
+    (tmp_path / "trace_adapter.json").write_text(json.dumps({"env_ids": ["trace/tool_calling_precision-v0"]}))
+    assert trained_envs(tmp_path) == ["trace/tool_calling_precision-v0"]
+    assert trained_envs(tmp_path / "missing") == []
+    records = [{"env_id": "trace/tool_calling_precision-v0"}, {"env_id": "trace/precondition_verification-v0"},
+               {"env_id": "examples/warehouse_stock-v0"}]
+    slots = label_slots(records, ["tcp", "precondition_verification", "other"],
+                        {"tcp": trained_envs(tmp_path), "other": ["trace/tool_calling_precision-v0"]})
+    assert slots == {"trace/tool_calling_precision-v0": 1, "trace/precondition_verification-v0": 2}
+    with pytest.raises(ValueError, match="unknown adapters"):
+        label_slots(records, ["a"], {"b": ["x"]})

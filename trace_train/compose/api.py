@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .adapters import ComposeError, resolve_adapters
 from .baselines import MERGE_METHODS, merge_adapters
-from .data import encode, is_successful, label_slots, read_trajectories
+from .data import encode, is_successful, label_slots, read_trajectories, trained_envs
 from .model import COMPOSE_FILE, ComposedModel
 from .train import RouterTrainConfig, routing_stats, train_router, write_routing, write_train_log
 
@@ -75,8 +75,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         out: output folder.
         top_k: slots per token (1 = the paper's default; 2, 4 for the ablation).
         train: router training settings (:class:`RouterTrainConfig`; FACTS.md §1 defaults).
-        adapter_envs: adapter name -> env ids whose episodes it labels (default: the env whose
-            capability is the adapter's name, e.g. ``trace/precondition_verification-v0``).
+        adapter_envs: adapter name -> env ids whose episodes it labels (default: the envs in the
+            adapter's ``trace_adapter.json``, written by ``trace train``; else the env whose capability is
+            the adapter's name, e.g. ``trace/precondition_verification-v0``).
         baselines: which of ``linear``, ``ties``, ``per_episode`` to build as well.
         min_reward: count an episode as successful at reward >= this (default: its ``success`` flag).
         max_length: tokens per episode at most (longer ones are cut).
@@ -101,7 +102,11 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     records = read_trajectories(data) if data else []
     if data and not records:
         raise ComposeError(f"{data}: no trajectories found")
-    slots = label_slots(records, list(named), {k: list(v) for k, v in (adapter_envs or {}).items()})
+    claims = {k: list(v) for k, v in (adapter_envs or {}).items()}
+    for ref in refs:  # an adapter from `trace train` names the envs it was trained on
+        if ref.name not in claims and trained_envs(ref.path):
+            claims[ref.name] = trained_envs(ref.path)
+    slots = label_slots(records, list(named), claims)
     successful = [r for r in records if is_successful(r, min_reward)]
     if records and not successful:
         raise ComposeError(f"none of the {len(records)} trajectories succeeded; the router learns from "

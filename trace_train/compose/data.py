@@ -86,12 +86,23 @@ def label_slots(records: Iterable[dict], adapter_names: Sequence[str],
         raise ComposeError(f"adapter_envs names unknown adapters {sorted(unknown)}; adapters are {list(adapter_names)}")
     for name, envs in explicit.items():
         for env in envs:
-            slots[env] = adapter_names.index(name) + 1
+            slots.setdefault(env, list(adapter_names).index(name) + 1)  # an env claimed twice: the first wins
     for rec in records:
         env = rec["env_id"]
         if env not in slots and capability_of(env) in adapter_names:
             slots[env] = list(adapter_names).index(capability_of(env)) + 1
     return slots
+
+
+def trained_envs(adapter_dir: str | Path) -> list[str]:
+    """The env ids an adapter was trained on, from the ``trace_adapter.json`` that ``trace train`` writes."""
+    info = Path(adapter_dir) / "trace_adapter.json"
+    if not info.is_file():
+        return []
+    try:
+        return [str(e) for e in json.loads(info.read_text()).get("env_ids") or []]
+    except (json.JSONDecodeError, AttributeError):
+        return []
 
 
 def _role_of(block: str) -> str:
