@@ -382,6 +382,34 @@ def test_cli_cleanup_removes_containers_of_dead_owners(minicalc):
         assert mine.run("echo alive").output.strip() == "alive"
 
 
+def test_cleanup_never_touches_containers_trace_did_not_start(minicalc):
+    """A container someone else runs from a TRACE image inherits the image's labels, never the run label
+    (set only at `docker run`); not even an image that carries the run label itself passes for ours."""
+    import io
+    import uuid
+
+    from trace_envs.swe.images import docker_client
+    from trace_envs.swe.sandbox import RUN_LABEL, labelled_containers
+    from trace_train.cli import main
+
+    client = docker_client()
+    tag = f"trace-test-forged-run-label:{uuid.uuid4().hex[:8]}"
+    client.images.build(fileobj=io.BytesIO(f"FROM {minicalc.image()}\nLABEL {RUN_LABEL}=1:1\n".encode()), tag=tag,
+                        rm=True)
+    foreign = [client.containers.run(image, ["sleep", "120"], detach=True, labels={"org.trace.test": "foreign"})
+               for image in (minicalc.image(), tag)]
+    try:
+        assert main(["swe", "cleanup", "--only-dead"]) in (0, None)
+        ours = {c.id for c in labelled_containers()}
+        for container in foreign:
+            container.reload()
+            assert container.status == "running" and container.id not in ours
+    finally:
+        for container in foreign:
+            container.remove(force=True)
+        client.images.remove(tag, force=True)
+
+
 _SIGNAL_CHILD = """
 import os, signal, sys, time
 import gymnasium as gym

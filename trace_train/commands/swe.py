@@ -62,8 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("repos", nargs="*", help="repository keys (default: all known)")
     p.set_defaults(func=cmd_instances)
 
-    p = verbs.add_parser("cleanup", help="remove every container carrying TRACE's sandbox label")
-    p.add_argument("--only-dead", action="store_true", help="spare containers whose owner process is alive")
+    p = verbs.add_parser("cleanup", help="remove the sandbox containers TRACE started",
+                         description="Remove the containers TRACE started (the run label set at `docker run`; a "
+                                     "container someone else ran from a TRACE image is never touched).")
+    p.add_argument("--only-dead", action="store_true", help="only those whose owner process is gone (or whose "
+                   "pid now names another process): safe while other TRACE runs are going on")
     p.set_defaults(func=cmd_cleanup)
 
 
