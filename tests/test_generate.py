@@ -1,0 +1,159 @@
+"""The offline generator end to end: diagnose specs in, admitted and registered envs out.
+
+The specs come from ``trace diagnose`` on the rollouts of planted-deficit agents (one diagnosis per
+τ² target and planted set, so every capability gets a spec for airline and for retail). Each is
+rendered from its family's template, admitted (static + sandboxed dynamic checks) and appended
+to a fresh workspace; the conformance suite then passes on every new id in a fresh process that
+knows the workspace only through ``TRACE_REGISTRY``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import trace_envs  # noqa: F401 - registers the ids
+from generators import generate
+from generators.admit import AdmissionConfig
+from generators.workspace import Workspace, WorkspaceError
+from trace_envs import rollout
+from trace_envs.core.registry import read_registry
+from trace_envs.domains.agents import TauScriptedAgent
+from trace_train.analysis import Thresholds, diagnose
+
+TAU_CAPABILITIES = ("precondition_verification", "multi_step_completion", "structured_data_reasoning",
+                    "tool_calling_precision")
+PLANTED = (("precondition_verification",), ("multi_step_completion", "structured_data_reasoning",
+                                            "tool_calling_precision"))
+#: Fewer seeds and calibration groups than the defaults keep the test cheap (every check still runs).
+TEST_CONFIG = AdmissionConfig(calibration_groups=8, n_seeds=5, probe_seeds=6, digest_seeds=3)
+
+
+@pytest.fixture(scope="module")
+def tau_diagnoses(tmp_path_factory) -> list[Path]:
+    """Diagnosis folders (with specs/) for each τ² target and planted set."""
+    root = tmp_path_factory.mktemp("diagnoses")
+    out = []
+    for target in ("trace/tau_airline-v0", "trace/tau_retail-v0"):
+        env = gym.make(target)
+        oracle = [rollout(env, TauScriptedAgent(()), s) for s in range(500, 525)]
+        for i, planted in enumerate(PLANTED):
+            records = [rollout(env, TauScriptedAgent(planted), s) for s in range(100, 150)] + oracle
+            name = f"{target.split('/')[1][:-3]}_{i}"
+            path = root / f"{name}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+            result = diagnose(path, root / name, figure=False, thresholds=Thresholds(bootstrap=0))
+            assert set(result.retained) == set(planted)
+            out.append(root / name)
+        env.close()
+    return out
+
+
+def _fresh_process(code: str, workspace: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRACE_REGISTRY": str(workspace), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_offline_generator_admits_and_registers_every_tau_capability(tau_diagnoses, tmp_path):
+    ws = tmp_path / "workspace"
+    results = generate(tau_diagnoses, ws, run_dir=tmp_path / "run", progress=False, config=TEST_CONFIG,
+                       run_id="test-run")
+    assert len(results) == 8
+    for r in results:
+        assert r.admitted, (r.capability, r.reason)
+        assert r.module.parent == ws / "envs" and r.module.exists()
+        assert r.report_json.parent == r.module.parent and json.loads(r.report_json.read_text())["admitted"]
+        assert "ADMITTED" in r.report_md.read_text()
+    ids = sorted(r.env_id for r in results)
+    # one id per (capability, target): the second domain gets the next -vN
+    assert ids == sorted(f"gen/{c}-v{n}" for c in TAU_CAPABILITIES for n in (0, 1))
+    entries = read_registry(ws)
+    assert sorted(e.id for e in entries) == ids
+    assert {e.origin for e in entries} == {"generated:test-run"}
+    assert {(e.capability, e.target, e.kwargs["domain"]) for e in entries} == \
+        {(c, f"tau_{d}", d) for c in TAU_CAPABILITIES for d in ("airline", "retail")}
+    # every attempt is in the run directory, never in the workspace
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted([*TAU_CAPABILITIES, "results.json"])
+    assert not list(ws.glob("**/attempt_*"))
+    # the generated modules are what the evidence asked for: focus families of the failed trajectories
+    module = (ws / "envs" / "precondition_verification_v0.py").read_text()
+    assert "FOCUS_FAMILIES = ('" in module and "REGISTRATION" in module
+
+    # the conformance suite on each id, in a fresh process that knows the workspace only by TRACE_REGISTRY
+    code = ("import gymnasium as gym, trace_envs\n"
+            "from trace_envs.core.checker import check_trace_env\n"
+            f"for env_id in {ids!r}:\n"
+            "    check_trace_env(env_id, n_seeds=6).raise_if_failed()\n"
+            "    env = gym.make(env_id); env.reset(seed=3); env.close()\n"
+            "print('conformance ok')\n")
+    proc = _fresh_process(code, ws)
+    assert proc.returncode == 0 and "conformance ok" in proc.stdout, proc.stderr[-3000:]
+
+    # regenerating never overwrites: the same spec gets the next version, earlier entries stay byte-identical
+    before = (ws / "registry.yaml").read_text()
+    again = generate(tau_diagnoses[0] / "specs" / "precondition_verification.json", ws, run_dir=tmp_path / "run2",
+                     progress=False, config=TEST_CONFIG)
+    assert again[0].admitted and again[0].env_id == "gen/precondition_verification-v2"
+    assert (ws / "registry.yaml").read_text().startswith(before)
+
+
+def test_cli_generate_then_envs_list_shows_the_workspace(tau_diagnoses, tmp_path, capsys):
+    from trace_train.cli import main
+
+    ws = tmp_path / "ws"
+    assert main(["generate", "--spec", str(tau_diagnoses[0]), "--workspace", str(ws), "--no-progress",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    # v0 in a fresh process; later if this process already loaded other workspaces' gen/ ids
+    [env_id] = Workspace(ws).ids()
+    assert "admitted 1 of 1" in out and env_id in out and env_id.startswith("gen/precondition_verification-v")
+    assert main(["envs", "list", "--registry", str(ws)]) == 0
+    listing = capsys.readouterr().out
+    assert env_id in listing and "generated:" in listing
+    assert "trace/precondition_verification-v0" in listing  # beside the built-ins
+    # user errors: one line, exit status 2
+    assert main(["generate", "--spec", str(tmp_path / "nope"), "--workspace", str(ws)]) == 2
+    assert main(["generate", "--spec", str(tau_diagnoses[0]), "--workspace", str(ws), "--llm", "http://x"]) == 2
+
+
+def test_a_spec_without_a_template_names_the_llm_option(tmp_path):
+    spec = {"name": "semantic_logic_precision", "definition": "getting the logic of a fix right",
+            "target_env": "trace/swe_repo-v0", "tool_schemas": [], "example_failures": []}
+    path = tmp_path / "semantic_logic_precision.json"
+    path.write_text(json.dumps(spec))
+    [result] = generate(path, tmp_path / "ws", run_dir=tmp_path / "run", progress=False)
+    assert not result.admitted and result.env_id is None
+    assert "--llm" in result.reason and "semantic_logic_precision" in result.reason
+    assert Workspace(tmp_path / "ws").ids() == []
+
+
+def _install(args) -> str:
+    root, n = args
+    ws = Workspace(root)
+    registration = {"id": f"gen/race-v{n}", "class": "E", "max_episode_steps": 5, "description": f"entry {n}"}
+    ws.install("class E: pass\n", registration, capability="race", version=n, target="tau_airline",
+               origin="generated:race")
+    return registration["id"]
+
+
+def test_workspace_appends_are_atomic_locked_and_never_overwrite(tmp_path):
+    ws = Workspace(tmp_path / "ws").init()
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        ids = pool.map(_install, [(str(ws.root), n) for n in range(12)])
+    assert sorted(ws.ids()) == sorted(ids)
+    import yaml
+
+    data = yaml.safe_load((ws.root / "registry.yaml").read_text())
+    assert sorted(e["id"] for e in data) == sorted(ids) and all(e["origin"] == "generated:race" for e in data)
+    with pytest.raises(WorkspaceError, match="never overwritten"):
+        _install((str(ws.root), 3))
+    assert ws.next_version("race") == 12
+    assert not list(ws.root.glob(".registry.*"))  # no temporary file left behind
