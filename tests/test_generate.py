@@ -157,3 +157,45 @@ def test_workspace_appends_are_atomic_locked_and_never_overwrite(tmp_path):
         _install((str(ws.root), 3))
     assert ws.next_version("race") == 12
     assert not list(ws.root.glob(".registry.*"))  # no temporary file left behind
+
+
+@pytest.mark.slow
+def test_offline_generator_admits_swe_localization_from_swe_repo_rollouts(tmp_path):
+    """The SWE family: swe_repo rollouts (Docker) -> diagnose -> a swe_localization env, admitted and conformant."""
+    from conftest import REQUIREMENT_CHECKS, allowed_missing
+
+    ok, why = REQUIREMENT_CHECKS["docker"]()
+    if not ok:
+        if "docker" in allowed_missing():
+            pytest.skip(why)
+        pytest.fail(f"this test needs Docker ({why}); run scripts/setup_docker.sh or set TRACE_ALLOW_MISSING=docker")
+    from trace_envs.agents import OracleAgent, ScriptedAgent
+    from trace_envs.core.conversation import hermes_tool_call
+    from trace_envs.swe.images import base_image_tag, build_base_image, docker_client, image_exists
+
+    if not image_exists(docker_client(), base_image_tag()):
+        build_base_image(verbose=True)
+    fixture = Path(__file__).parent / "fixtures"
+    env = gym.make("trace/swe_repo-v0", repos=["minicalc"], instances_dir=str(fixture / "minicalc_instances"))
+    try:
+        # the oracle fixes the bug; the other agent submits without locating (or editing) anything
+        records = [rollout(env, OracleAgent(), s) for s in range(2)]
+        records += [rollout(env, ScriptedAgent([hermes_tool_call("submit", {})], name="submit_blind"), 10 + s)
+                    for s in range(3)]
+    finally:
+        env.close()
+    assert [r["reward"] for r in records] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    path = tmp_path / "swe.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    diagnosis = diagnose(path, tmp_path / "diagnosis", figure=False, thresholds=Thresholds(bootstrap=0))
+    assert diagnosis.retained == ["swe_localization"]
+    ws = tmp_path / "ws"
+    [result] = generate(tmp_path / "diagnosis", ws, run_dir=tmp_path / "run", progress=False, config=TEST_CONFIG)
+    assert result.admitted, result.reason
+    report = json.loads(result.report_json.read_text())
+    assert {c["name"]: c["status"] for c in report["checks"]}["no tool the target lacks"] == "passed"
+    assert report["registration"]["answer_tools"] == ["submit_location"]
+    code = ("from trace_envs.core.checker import check_trace_env\n"
+            f"check_trace_env({result.env_id!r}, n_seeds=4).raise_if_failed()\nprint('conformance ok')\n")
+    proc = _fresh_process(code, ws)
+    assert proc.returncode == 0 and "conformance ok" in proc.stdout, proc.stderr[-3000:]
