@@ -158,6 +158,35 @@ def test_sparse_equals_dense_under_learned_gates(setup, top_k, batch, seq, small
     assert torch.allclose(sparse, dense, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_gating_is_base_plus_each_chosen_experts_delta_times_its_probability(setup, top_k):
+    """out = W x + sum over the top-k slots (slot 0 adds nothing) of p_slot * (PEFT adapter's delta)."""
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters, top_k=top_k)
+    scramble_gates(model, seed=7)
+    q_proj = model.model.model.layers[0].self_attn.q_proj
+    seen = {}
+    hook = q_proj.register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
+    ids = tokens(base, batch=2, seq=13)
+    with torch.no_grad(), model.recording(logits=True) as routers:
+        model(ids)
+        probs = torch.softmax(routers[0].logits.float(), -1)
+    hook.remove()
+    x = seen["x"]
+    expected = q_proj.base(x)
+    with torch.no_grad():
+        deltas = [None] + [
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), a).eval()
+            .base_model.model.model.layers[0].self_attn.q_proj(x) - q_proj.base(x) for a in adapters.values()]
+    weights, slots = probs.topk(top_k, dim=-1)
+    for j in range(top_k):
+        for slot in range(1, K + 1):
+            chosen = (slots[..., j] == slot).unsqueeze(-1)
+            expected = expected + torch.where(chosen, weights[..., j:j + 1] * deltas[slot], 0.0)
+    assert (slots[..., 0] > 0).any() and (slots[..., 0] == 0).any()  # a mix of experts and the base
+    assert torch.allclose(seen["y"], expected, atol=1e-5, rtol=0)
+
+
 def test_only_gates_get_gradients_and_their_count(setup, composed):
     base, _, _ = setup
     config = composed.config
