@@ -278,7 +278,8 @@ class GroupRollouts:
                     played[i] = eps
                 resampled += len(todo)
         finally:
-            agent.model.train(was_training)
+            if hasattr(getattr(agent, "model", None), "train"):
+                agent.model.train(was_training)
         tokenizer = trainer.processing_class
         prompt_ids, completion_ids, env_mask, rewards, env_names = [], [], [], [], []
         gen_s = env_s = 0.0
@@ -293,7 +294,8 @@ class GroupRollouts:
                 env_names.append(env_id)
         episodes = (len(groups) + resampled) * g
         self.episodes += episodes
-        gen_s = agent.stats.seconds
+        stats = getattr(agent, "stats", None)
+        gen_s = stats.seconds if stats is not None else sum(r["timing"]["agent_s"] for eps in played for r in eps)
         # Env time of every episode played (resampled ones too) is inside the wall time; the agent's is gen_s.
         wall = time.perf_counter() - t0
         env_s = max(0.0, wall - gen_s)
