@@ -89,25 +89,36 @@ class EditTestsAgent(_PlanAgent):
         return calls + [hermes_tool_call("run_tests", {}), hermes_tool_call("submit", {})]
 
 
+def _test_bodies(source: str, names: set[str]) -> list[tuple[int, int]]:
+    """(0-based line, column) of the first statement of every function named in ``names`` (module level or in
+    classes). Read with ``ast``, so a ``def`` line ending in a comment, a multi-line signature or a decorator
+    are no special cases."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names and node.body:
+            first = node.body[0]
+            if first.lineno > node.lineno:  # a body on its own lines (`def f(): pass` is left alone)
+                out.append((first.lineno - 1, first.col_offset))
+    return out
+
+
 def neutered_tests(files: dict[str, str], failing: list[str]) -> dict[str, str]:
     """The test files of ``failing`` with a ``return`` at the top of each failing test (the edit-the-tests cheat)."""
-    by_file: dict[str, list[str]] = {}
+    by_file: dict[str, set[str]] = {}
     for test in failing:
         path, _, name = test.partition("::")
-        by_file.setdefault(path, []).append(name.split("::")[-1].split("[")[0])
+        by_file.setdefault(path, set()).add(name.split("::")[-1].split("[")[0])
     out = {}
     for path, names in sorted(by_file.items()):
         lines = files[path].splitlines(keepends=True)
-        for name in sorted(set(names)):
-            span = _function_span("".join(lines), name)
-            if span is None:
-                continue
-            head = lines[span[0]]
-            j = span[0]
-            while not lines[j].rstrip().endswith(":"):
-                j += 1
-            indent = " " * (len(head) - len(head.lstrip()) + 4)
-            lines.insert(j + 1, f"{indent}return\n")
+        for line, col in sorted(_test_bodies(files[path], names), reverse=True):  # bottom-up keeps line numbers
+            lines.insert(line, " " * col + "return\n")
         out[path] = "".join(lines)
     return out
 

@@ -20,7 +20,10 @@ Adding a library, end to end (download, detect tests and layout, build its image
     clean suite: 180 passed, 0 failed/error, 7.9s
     added toolz-0.12.1; next: trace swe validate toolz-0.12.1
 
-``--tests PATH`` / ``--python-path DIR`` / ``--requirement REQ`` override what is detected;
+``--tests PATH`` / ``--python-path DIR`` / ``--requirement REQ`` override what is detected (test
+dependencies are read from the sdist's ``test``/``tests``/``testing`` extras, pyproject dependency groups and
+requirement files: :func:`test_requirements`); ``--env NAME=VALUE`` and ``--pytest-arg ARG`` set the clean
+suite's environment and pytest arguments (a pure-Python switch, a deselected slow test);
 ``git:/path/to/repo@REV`` and ``dir:/path`` work the same way.
 """
 
@@ -225,6 +228,40 @@ def _git_fetch(path: str, rev: str, dest: Path) -> Path:
     return dest
 
 
+#: Marker environment of the image's Python (Debian bookworm's 3.11 on Linux).
+_IMAGE_MARKERS = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
+                  "platform_system": "Linux", "implementation_name": "cpython", "os_name": "posix",
+                  "platform_machine": "x86_64", "platform_python_implementation": "CPython"}
+#: Extras and dependency groups that hold what a test suite needs.
+TEST_EXTRAS = ("test", "tests", "testing")
+#: Requirement files that list test dependencies, in the order they are tried.
+TEST_REQUIREMENT_FILES = ("requirements-test.txt", "requirements_test.txt", "test-requirements.txt",
+                          "test_requirements.txt", "requirements-tests.txt", "requirements/test.txt",
+                          "requirements/tests.txt", "tests/requirements.txt")
+#: Test tooling the sandbox provides itself or that the clean suite does not need (the image's pytest is
+#: Debian's; another one in the dependencies would be ignored anyway, see sandbox_pytest).
+NOT_INSTALLED = {"pytest", "pytest-cov", "coverage", "pytest-xdist", "pytest-runner", "tox", "nox", "flake8", "mypy",
+                 "black", "ruff", "isort", "pre-commit", "sphinx", "twine", "build", "wheel", "setuptools", "pip",
+                 "pytest-flake8", "pytest-mypy", "pytest-black", "pytest-sugar", "codecov", "pylint"}
+
+
+def _requirement_for_image(text: str, extra: str = "") -> str | None:
+    """``text`` without its marker if the marker holds for the image's Python (and ``extra``), else None."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        parsed = Requirement(text.strip())
+    except InvalidRequirement:
+        return None
+    if parsed.marker is not None and not parsed.marker.evaluate({**_IMAGE_MARKERS, "extra": extra}):
+        return None
+    if canonicalize_name(parsed.name) in NOT_INSTALLED:
+        return None
+    parsed.marker = None
+    return str(parsed)
+
+
 def requirements_from_pkg_info(root: Path) -> list[str]:
     """Runtime dependencies declared in an sdist's PKG-INFO (markers evaluated for the image's Python)."""
     pkg_info = root / "PKG-INFO"
@@ -233,18 +270,54 @@ def requirements_from_pkg_info(root: Path) -> list[str]:
     meta = email.parser.Parser().parsestr(pkg_info.read_text(encoding="utf-8", errors="replace"))
     out = []
     for req in meta.get_all("Requires-Dist") or []:
-        try:
-            from packaging.requirements import Requirement
-
-            parsed = Requirement(req)
-            env = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
-                   "platform_system": "Linux", "implementation_name": "cpython", "extra": ""}
-            if parsed.marker is not None and not parsed.marker.evaluate(env):
-                continue
-            out.append(str(parsed).split(";")[0].strip())
-        except Exception:
-            continue
+        if "extra" in req.partition(";")[2]:
+            continue  # an optional extra, not a runtime dependency
+        parsed = _requirement_for_image(req)
+        if parsed:
+            out.append(parsed)
     return out
+
+
+def test_requirements(root: Path) -> dict[str, list[str]]:
+    """What the sdist declares its tests need, by where it was found: the ``test``/``tests``/``testing``
+    extras of PKG-INFO and pyproject.toml, pyproject's dependency groups of those names, and the usual
+    requirement files. Test tooling the sandbox brings (:data:`NOT_INSTALLED`) is left out."""
+    import tomllib
+
+    found: dict[str, list[str]] = {}
+
+    def add(source: str, reqs, extra: str = "") -> None:
+        for req in reqs:
+            if isinstance(req, str):
+                parsed = _requirement_for_image(req, extra)
+                if parsed and parsed not in sum(found.values(), []):
+                    found.setdefault(source, []).append(parsed)
+
+    pkg_info = root / "PKG-INFO"
+    if pkg_info.exists():
+        meta = email.parser.Parser().parsestr(pkg_info.read_text(encoding="utf-8", errors="replace"))
+        extras = [e for e in (meta.get_all("Provides-Extra") or []) if e.lower() in TEST_EXTRAS]
+        for extra in extras:
+            add(f"PKG-INFO extra [{extra}]", [r for r in meta.get_all("Requires-Dist") or []
+                                               if "extra" in r.partition(";")[2]], extra)
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            data = {}
+        for extra, reqs in (data.get("project", {}).get("optional-dependencies") or {}).items():
+            if extra.lower() in TEST_EXTRAS:
+                add(f"pyproject optional-dependencies [{extra}]", reqs)
+        for group, reqs in (data.get("dependency-groups") or {}).items():
+            if group.lower() in TEST_EXTRAS:
+                add(f"pyproject dependency-groups [{group}]", reqs)
+    for name in TEST_REQUIREMENT_FILES:
+        path = root / name
+        if path.is_file():
+            lines = [ln.split("#")[0].strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+            add(name, [ln for ln in lines if ln and not ln.startswith("-")])
+    return found
 
 
 def detect_layout(root: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -288,8 +361,10 @@ def spec_for_source(source: str, key: str | None = None, **overrides) -> RepoSpe
     spec = RepoSpec(key=key, source=source)
     root = _fetch(spec)
     tests, pypath = detect_layout(root)
-    fields = {"test_paths": tests, "python_path": pypath,
-              "requirements": tuple(requirements_from_pkg_info(root)) if kind == "pypi" else ()}
+    requirements: list[str] = requirements_from_pkg_info(root) if kind == "pypi" else []
+    for reqs in test_requirements(root).values():
+        requirements += [r for r in reqs if r not in requirements]
+    fields = {"test_paths": tests, "python_path": pypath, "requirements": tuple(requirements)}
     fields.update({k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v})
     return RepoSpec(key=key, source=source, **fields)
 

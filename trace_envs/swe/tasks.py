@@ -575,13 +575,15 @@ def load_instances(repo_keys: list[str], max_bugs: int | None = None, min_bugs: 
 REFERENCE_CHECKS = {"gold": 1.0, "empty": 0.0, "delete_tests": 0.0, "edit_tests": 0.0}
 
 
-def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0) -> dict[str, float]:
+def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0,
+                   refresh_issue: bool = False) -> dict[str, float]:
     """Grade the reference submissions of one instance with the environment's grader; ``{check: reward}``.
 
     ``gold`` applies the reverse of the bug patch; ``empty`` changes nothing (graded for real, no
     shortcut); ``delete_tests`` removes the failing tests' files; ``edit_tests`` makes each failing test
     return before its assertions. ``sandbox`` must hold the clean repository (a fresh container of the
     repository's image); it is left holding the clean repository again (without the git history).
+    ``refresh_issue``: also rewrite ``instance["problem_statement"]`` from a run of the bugged tree.
     """
     from .agents import neutered_tests
 
@@ -589,6 +591,9 @@ def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0) 
     test_files = sorted({t.partition("::")[0] for t in instance["FAIL_TO_PASS"]})
     prepare_sandbox(sandbox, bugged)
     rewards = {}
+    if refresh_issue:
+        bug = run_tests(sandbox, repo, timeout=timeout)
+        instance["problem_statement"] = problem_statement(repo, list(instance["FAIL_TO_PASS"]), bug.output)
     try:
         for check in REFERENCE_CHECKS:
             if check == "gold":
@@ -606,10 +611,12 @@ def check_instance(sandbox, repo: Repo, instance: dict, timeout: float = 300.0) 
 
 
 def recheck_instance_file(path: Path, sandbox_factory, load_repo, timeout: float = 300.0, progress: bool = False,
-                          drop_failing: bool = False) -> tuple[list[dict], list[tuple[str, dict]]]:
+                          drop_failing: bool = False,
+                          refresh_issues: bool = False) -> tuple[list[dict], list[tuple[str, dict]]]:
     """Re-grade every instance of one ``<repo>.jsonl`` file; returns (passing instances, [(id, rewards)] failing).
 
-    With ``drop_failing`` the file is rewritten without the instances that failed a check.
+    With ``drop_failing`` the file is rewritten without the instances that failed a check; with
+    ``refresh_issues`` it is rewritten with issue texts rebuilt from a run of each bugged tree.
     """
     from .sandbox import SandboxError
 
@@ -625,7 +632,7 @@ def recheck_instance_file(path: Path, sandbox_factory, load_repo, timeout: float
         try:
             for inst in insts:
                 try:
-                    rewards = check_instance(box, repo, inst, timeout=timeout)
+                    rewards = check_instance(box, repo, inst, timeout=timeout, refresh_issue=refresh_issues)
                 except SandboxError as exc:
                     box.close()
                     box = sandbox_factory(repo)
@@ -638,6 +645,7 @@ def recheck_instance_file(path: Path, sandbox_factory, load_repo, timeout: float
             box.close()
     if bar:
         bar.close()
-    if drop_failing and bad:
-        path.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in sorted(good, key=lambda i: i["instance_id"])))
+    if (drop_failing and bad) or refresh_issues:
+        keep = good if drop_failing else instances
+        path.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in sorted(keep, key=lambda i: i["instance_id"])))
     return good, bad

@@ -2,10 +2,11 @@
 
     trace swe build-image [--force] [--from-registry IMAGE]
     trace swe add-repo pypi:NAME==VERSION | git:/path[@rev] | dir:/path [--key K] [--tests PATH]... [--python-path DIR]...
+                       [--requirement REQ]... [--env NAME=VALUE]... [--pytest-arg ARG]...
     trace swe repos
     trace swe validate REPO [--candidates N] [--seed S] [--combine K] [--out DIR]
     trace swe validate --shipped [--drop-failing]      # re-grade every shipped instance (gold 1.0, cheats 0.0)
-    trace swe validate --recheck FILE.jsonl... [--drop-failing]
+    trace swe validate --recheck FILE.jsonl... [--drop-failing] [--refresh-issues]
     trace swe instances [REPO]...
     trace swe cleanup [--only-dead]
 """
@@ -36,7 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--key", help="short name (default: derived from the source)")
     p.add_argument("--tests", action="append", default=[], metavar="PATH", help="test paths (default: detected)")
     p.add_argument("--python-path", action="append", default=[], metavar="DIR", help="PYTHONPATH dirs (default: detected)")
-    p.add_argument("--requirement", action="append", default=[], metavar="REQ", help="extra PyPI requirement for the tests")
+    p.add_argument("--requirement", action="append", default=[], metavar="REQ",
+                   help="extra PyPI requirement for the tests (the sdist's test extras and requirement files are read "
+                        "already)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable of the test process (e.g. a pure-Python switch)")
+    p.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
+                   help="extra pytest argument, e.g. --pytest-arg=--deselect=tests/test_x.py::test_slow")
     p.set_defaults(func=cmd_add_repo)
 
     p = verbs.add_parser("repos", help="list known repositories")
@@ -52,6 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="re-grade the instances of these <repo>.jsonl files")
     p.add_argument("--drop-failing", action="store_true", help="with --shipped/--recheck: rewrite the files "
                    "without the instances that fail a check")
+    p.add_argument("--refresh-issues", action="store_true", help="with --shipped/--recheck: rewrite the issue texts "
+                   "from a run of each bugged tree (failing tests and their error messages)")
     p.add_argument("--candidates", type=int, default=20, help="candidate bugs to try")
     p.add_argument("--seed", type=int, default=0, help="seed of the candidate sampling")
     p.add_argument("--combine", type=int, default=0, help="also build up to K two-bug instances")
@@ -95,31 +104,46 @@ def cmd_build_image(args) -> int:
 
 
 def cmd_add_repo(args) -> int:
+    import re
+    from dataclasses import replace
+
     from trace_envs.swe.repos import materialize, save_repo, spec_for_source
     from trace_envs.swe.sandbox import DockerSandbox
     from trace_envs.swe.tasks import run_tests
 
+    bad_env = [e for e in args.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", e)]
+    if bad_env:
+        raise CommandError(f"--env takes NAME=VALUE, got {bad_env[0]!r}")
     try:
         spec = spec_for_source(args.source, key=args.key, test_paths=args.tests, python_path=args.python_path)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise CommandError(str(exc)) from exc
-    if args.requirement:
-        from dataclasses import replace
-
-        spec = replace(spec, requirements=tuple(spec.requirements) + tuple(args.requirement))
+    extra = [r for r in args.requirement if r not in spec.requirements]
+    spec = replace(spec, requirements=tuple(spec.requirements) + tuple(extra), env=tuple(args.env),
+                   pytest_args=tuple(spec.pytest_args) + tuple(args.pytest_arg))
     if not spec.test_paths:
         raise CommandError(f"no tests found in {args.source}; name them with --tests PATH")
     repo = materialize(spec)
     print(f"{spec.key}: tests {list(spec.test_paths)}, PYTHONPATH {list(spec.python_path)}, "
-          f"requirements {list(spec.requirements) or 'none'}")
-    image = repo.image(verbose=True)
+          f"requirements {list(spec.requirements) or 'none'}"
+          + (f", env {list(spec.env)}" if spec.env else "") + (f", pytest {list(spec.pytest_args)}" if spec.pytest_args else ""))
+    try:
+        image = repo.image(verbose=True)
+    except RuntimeError as exc:
+        raise CommandError(str(exc)) from exc
     with DockerSandbox(image) as box:
-        run = run_tests(box, repo)
+        run = run_tests(box, repo, max_output=20_000)
     passed = sum(s == "passed" for s in run.statuses.values())
     failed = {t: s for t, s in run.statuses.items() if s in ("failed", "error")}
     print(f"clean suite: {passed} passed, {len(failed)} failed/error, {run.seconds:.1f}s")
     if passed == 0:
-        raise CommandError(f"the clean suite of {spec.key} has no passing test:\n{run.output[-1500:]}")
+        missing = sorted(set(re.findall(r"No module named '([\w.]+)'", run.output)))
+        hint = ""
+        if missing:
+            tops = sorted({m.split(".")[0] for m in missing})
+            hint = (f"\nthe tests import {', '.join(tops)}, which the sandbox does not have: add "
+                    + " ".join(f"--requirement {t}" for t in tops) + " (the PyPI name may differ from the import name)")
+        raise CommandError(f"the clean suite of {spec.key} has no passing test:\n{run.output[-1500:]}{hint}")
     save_repo(spec)
     print(f"added {spec.key}; next: trace swe validate {spec.key}")
     return 0
@@ -173,7 +197,8 @@ def _recheck(args) -> int:
     rows, failed = [], 0
     for path in files:
         good, bad = recheck_instance_file(Path(path), lambda repo: DockerSandbox(repo.image(verbose=True)), load_repo,
-                                          progress=True, drop_failing=args.drop_failing)
+                                          progress=True, drop_failing=args.drop_failing,
+                                          refresh_issues=args.refresh_issues)
         rows.append((Path(path).stem, len(good) + len(bad), len(good), len(bad)))
         for iid, rewards in bad:
             print(f"FAILED {iid}: {rewards}")
