@@ -152,6 +152,7 @@ def generate(spec, workspace, run_dir=None, llm_url: str | None = None, model: s
 def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str, agent, attempts: int,
          cfg: AdmissionConfig) -> GenerationResult:
     from .admit import target_tool_schemas
+    from .agent import LLMGenerationError
     from .offline import NoTemplate, render
 
     capability = _capability(spec)
@@ -186,8 +187,12 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
             except (KeyError, ValueError) as exc:
                 return _failed(capability, attempt_dir, env_id, target_env, f"no target tool schemas: {exc}", n,
                                folder)
-            source = agent.write_module(spec, env_id=env_id, capability=capability, target_schemas=schemas,
-                                        history=history, attempt_dir=attempt_dir)
+            try:
+                source = agent.write_module(spec, env_id=env_id, capability=capability, target_schemas=schemas,
+                                            history=history, attempt_dir=attempt_dir)
+            except LLMGenerationError as exc:
+                result = _failed(capability, attempt_dir, env_id, target_env, str(exc), n, folder)
+                continue
         result, report = _admit_attempt(source, capability=capability, target_env=target_env, ws=ws,
                                         attempt_dir=attempt_dir, env_id=env_id, version=version, taken=taken,
                                         spec_schemas=spec.get("tool_schemas"), run_id=run_id, cfg=cfg)
