@@ -72,3 +72,28 @@ def test_sft_baseline_trains_a_lora_on_the_oracle_episodes(nano, tmp_path):
     assert meta["bootstrap"]["mixture"][ENVS[1]]["episodes"] == 2
     losses = [float(line.split(",")[1]) for line in result.log_csv.read_text().splitlines()[1:]]
     assert len(losses) == 6 and losses[-1] < losses[0]
+
+
+def test_calibration_warns_with_the_figures_and_the_knob(nano, tmp_path, caplog):
+    """A random base is never right: the calibration before training says so, with what to turn."""
+    import logging
+
+    from trace_train.grpo import TrainConfig, calibrate, env_kwargs_for
+
+    cfg = TrainConfig(env_ids=ENVS[:1], env_kwargs={"difficulty": 1}, model=nano, output_dir=str(tmp_path),
+                      group_size=2, calibration_groups=1, max_turn_tokens=8, max_tool_calling_iterations=2,
+                      progress=False)
+    with caplog.at_level(logging.WARNING, logger="trace_train.grpo"):
+        report = calibrate(cfg, {ENVS[0]: env_kwargs_for(cfg, ENVS[0])}, "cpu")
+    assert report[ENVS[0]]["informative"] == 0.0 and report[ENVS[0]]["groups"] == 1
+    message = caplog.text
+    assert "only 0% of 1 groups are informative" in message and "mean reward" in message
+    assert "difficulty" in message and "temperature" in message and "--mix" in message
+
+
+def test_bootstrap_mix_flag_is_checked(capsys):
+    from trace_train.cli import main
+
+    assert main(["model", "bootstrap", "--target", ENVS[0], "--mix", "no-share"]) == 2
+    assert "ENV=SHARE" in capsys.readouterr().err
+    assert main(["model", "bootstrap", "--target", ENVS[0], "--mix", "trace/nope-v0=0.1"]) == 2
