@@ -115,7 +115,7 @@ def run_base(ctx) -> tuple[list[str], dict]:
     elif b.kind == "openai":
         info.update(model=b.model, base_url=b.base_url)
     else:
-        info.update(agent=b.agent, agent_kwargs=b.agent_kwargs)
+        info.update(agent=b.agent or "mixture", agent_kwargs=b.agent_kwargs, mixture=b.mixture)
         _scripted_agent(b)  # fail here, not in the rollouts, if the name is wrong
     _check_targets(ctx)
     ctx.path("base").mkdir(parents=True, exist_ok=True)
@@ -152,10 +152,42 @@ def _check_targets(ctx) -> None:
                               "registered ones") from None
 
 
-def _scripted_agent(b: BaseSection):
+class MixtureAgent:
+    """Plays each episode with one of several scripted agents, picked by the episode's first observation.
+
+    The pick is a hash of (seed, the first observation's text), so it is the same for the same task in any
+    process (a resumed rollout picks what the interrupted one would have) and varies across tasks; a copy
+    of this agent per open episode (what :func:`~trace_train.rollouts.run_rollouts` does) changes nothing.
+    """
+
+    def __init__(self, agents: dict[str, Any], weights: dict[str, float], seed: int = 0, name: str = "mixture"):
+        self.agents, self.name, self.seed = agents, name, seed
+        total = float(sum(weights.values()))
+        self.cumulative, acc = [], 0.0
+        for key in agents:
+            acc += weights[key] / total
+            self.cumulative.append((acc, key))
+        self.current: Any = None
+        self.picked: str | None = None
+
+    def reset(self, env: Any, observation: str, info: dict) -> None:
+        digest = hashlib.sha256(f"{self.seed}\0{observation}".encode()).digest()
+        u = int.from_bytes(digest[:8], "big") / 2**64
+        self.picked = next((k for c, k in self.cumulative if u < c), self.cumulative[-1][1])
+        self.current = self.agents[self.picked]
+        if hasattr(self.current, "reset"):
+            self.current.reset(env, observation, info)
+
+    def __call__(self, observation: str, info: dict) -> Any:
+        return self.current(observation, info)
+
+
+def _scripted_agent(b: BaseSection, seed: int = 0):
     from trace_envs.agents import agent_names, make_agent
 
     try:
+        if b.mixture:
+            return MixtureAgent({n: make_agent(n) for n in b.mixture}, dict(b.mixture), seed=seed, name="base")
         return make_agent(b.agent, **b.agent_kwargs)
     except KeyError:
         raise ConfigError(f"base.agent: unknown agent {b.agent!r}; choose one of {', '.join(agent_names())}") from None
@@ -197,7 +229,7 @@ def make_base_agent(ctx, temperature: float | None = None):
 
         return (OpenAIChatAgent(b.model, base_url=b.base_url, api_key=b.api_key, temperature=temp,
                                 max_tokens=b.max_new_tokens), lambda env_id: dict(extra))
-    return _scripted_agent(b), lambda env_id: dict(extra)
+    return _scripted_agent(b, ctx.cfg.seed), lambda env_id: dict(extra)
 
 
 def _episode_seconds(ctx) -> float:
@@ -325,7 +357,8 @@ def capability_envs(ctx) -> dict[str, dict]:
 # ----------------------------------------------------------------------------- train
 
 
-def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False) -> dict:
+def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False,
+               minutes: float | None = None) -> dict:
     """Train (or find already trained) one adapter into ``train/<name>/``; returns its result record."""
     from trace_train.grpo import TrainConfig, train
 
@@ -342,6 +375,8 @@ def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
     kwargs = {"progress": ctx.progress, **t.options, "env_ids": list(env_ids), "model": base_model_path(ctx),
               "output_dir": str(out / "run"), "device": ctx.cfg.base.device, "registry": registry, "sft": sft,
               "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
+    if minutes is not None and not sft:
+        kwargs["max_minutes"] = minutes
     try:
         cfg = TrainConfig(**kwargs)
     except TypeError as exc:
@@ -349,13 +384,32 @@ def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
     except ValueError as exc:
         raise ConfigError(f"train: {exc}") from None
     t0 = time.perf_counter()
-    result = train(cfg)
-    record = {"name": name, "env_ids": list(env_ids), "sft": sft, "adapter_dir": str(result.adapter_dir),
-              "log_csv": str(result.log_csv), "curve_png": str(result.curve_png) if result.curve_png else None,
-              "steps": int(result.steps), "rollouts": int(result.rollouts), "calibration": result.calibration,
-              "seconds": round(time.perf_counter() - t0, 2)}
+    if t.launcher == "accelerate":
+        result = _accelerate_train(cfg, out, t.accelerate_args)
+    else:
+        result = train(cfg).to_dict()
+    record = {"name": name, "env_ids": list(env_ids), "sft": sft, "adapter_dir": str(result["adapter_dir"]),
+              "log_csv": str(result["log_csv"]), "curve_png": _str(result.get("curve_png")),
+              "steps": int(result["steps"]), "rollouts": int(result["rollouts"]),
+              "calibration": result.get("calibration"), "seconds": round(time.perf_counter() - t0, 2)}
     done_file.write_text(json.dumps(record, indent=2, default=str) + "\n")
     return record
+
+
+def _accelerate_train(cfg, out: Path, accelerate_args: list) -> dict:
+    """Train one adapter in ``accelerate launch`` processes (several GPUs); returns its ``train_result.json``."""
+    import subprocess
+    import sys
+
+    config = cfg.to_yaml(out / "train_config.launch.yaml")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *map(str, accelerate_args), "-m", "trace_train.cli",
+           "train", "--config", str(config)]
+    logger.info("train: %s", " ".join(cmd))
+    done = subprocess.run(cmd)
+    result = Path(cfg.output_dir) / "train_result.json"
+    if done.returncode != 0 or not result.exists():
+        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit status {done.returncode}); its output is above")
+    return json.loads(result.read_text())
 
 
 def run_train(ctx) -> tuple[list[str], dict]:
@@ -366,11 +420,13 @@ def run_train(ctx) -> tuple[list[str], dict]:
     ctx.path("train").mkdir(parents=True, exist_ok=True)
     adapters = {}
     for cap, env in envs.items():
-        adapters[cap] = _train_one(ctx, cap, [env["env_id"]], t.max_steps) | {"source": env["source"]}
+        adapters[cap] = _train_one(ctx, cap, [env["env_id"]], t.max_steps, minutes=t.max_minutes) | {
+            "source": env["source"]}
     baselines = {}
     env_ids = [e["env_id"] for e in envs.values()]
     if env_ids and t.multi_baseline and len(env_ids) > 1:
-        baselines["multi"] = _train_one(ctx, "_multi", env_ids, t.multi_steps or t.max_steps * len(env_ids))
+        baselines["multi"] = _train_one(ctx, "_multi", env_ids, t.multi_steps or t.max_steps * len(env_ids),
+                                        minutes=t.max_minutes * len(env_ids) if t.max_minutes else None)
     if env_ids and t.sft_baseline:
         baselines["sft"] = _train_one(ctx, "_sft", env_ids, t.sft_steps, sft=True)
     (ctx.path("train", "results.json")).write_text(json.dumps({"adapters": adapters, "baselines": baselines},
@@ -387,8 +443,12 @@ def estimate_train(ctx) -> tuple[float | None, str]:
     model = t.model or (ctx.summary("base").get("model_path") if ctx.cfg.base.kind != "tiny" else "tiny")
     if model != "tiny" and not (model and Path(model, "trace_model.json").exists()):
         return None, f"{k} adapters × {t.max_steps} GRPO steps (time depends on the model and the GPUs)"
-    steps = k * t.max_steps + (t.multi_steps or t.max_steps * k) * t.multi_baseline * (k > 1)
-    return (steps * SECONDS_PER_GRPO_STEP_TINY + t.sft_baseline * t.sft_steps * SECONDS_PER_SFT_STEP_TINY,
+    runs = k + k * t.multi_baseline * (k > 1)  # the multi baseline gets the budget of all k adapters
+    sft = t.sft_baseline * (t.sft_steps * SECONDS_PER_SFT_STEP_TINY + 30.0)
+    if t.max_minutes:
+        return (runs * (t.max_minutes * 60 + 30.0) + sft,
+                f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines")
+    return (runs * t.max_steps * SECONDS_PER_GRPO_STEP_TINY + sft,
             f"{k} adapters × {t.max_steps} GRPO steps + baselines")
 
 

@@ -4,6 +4,7 @@
     trace run examples/configs/gpu_qwen3.yaml   # a config (YAML, one section per stage)
     trace run CONFIG --dry-run                  # the plan, with a time estimate per stage
     trace run CONFIG --from train               # re-run train and everything after it
+    trace run CONFIG --until diagnose           # stop after the diagnosis
     trace run CONFIG --out runs/other           # another run directory
 
 Everything goes into one run directory (``stages.json``, one folder per stage, ``report.md`` and a
@@ -27,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="from_stage", metavar="STAGE",
                    help="re-run this stage and every later one (base, rollout, diagnose, generate, train, compose, "
                         "evaluate)")
+    p.add_argument("--until", metavar="STAGE", help="stop after this stage (the report is still written)")
     p.add_argument("--dry-run", action="store_true", help="print the plan with a time estimate per stage, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
@@ -57,7 +59,7 @@ def cmd_run(args) -> int:
     if args.dry_run:
         return 0
     try:
-        result = pipeline.run(from_stage=args.from_stage)
+        result = pipeline.run(from_stage=args.from_stage, stop_after=args.until)
     except (ConfigError, PipelineError) as exc:
         raise CommandError(str(exc)) from exc
     print(f"\ntrace run: finished in {result.seconds / 60:.1f} min "

@@ -95,6 +95,8 @@ def _base_label(base: dict) -> str:
     if kind == "openai":
         return f"`{base.get('model')}` at {base.get('base_url')}"
     if kind == "scripted":
+        if base.get("mixture"):
+            return "a mixture of scripted agents " + ", ".join(f"`{n}` ({w})" for n, w in base["mixture"].items())
         return f"scripted agent `{base.get('agent')}`"
     return "–"
 
@@ -199,8 +201,8 @@ def _generate_section(doc: Document, run: Path, stages: dict) -> None:
     rows = []
     for r in rows_json:
         report = _load(Path(r["report_json"])) if r.get("report_json") else None
-        checks = (report or {}).get("checks") or []
-        passed = sum(1 for c in checks if c.get("passed")) if isinstance(checks, list) else None
+        checks = [c for c in (report or {}).get("checks") or [] if isinstance(c, dict)]
+        passed = sum(1 for c in checks if c.get("status") == "passed" or c.get("passed") is True)
         rows.append([f"`{r['capability']}`", f"`{r['env_id']}`" if r.get("env_id") else "–",
                      "admitted" if r["admitted"] else "rejected", r.get("attempts"),
                      f"{passed}/{len(checks)}" if checks else "–", r.get("reason") or ""])

@@ -1,0 +1,169 @@
+"""`trace run`: the config (errors name the key and the fix), the plan, and the stage bookkeeping
+(stages.json, resume, --from) on the first stages of a real run with a scripted base agent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trace_train.cli import main
+from trace_train.pipeline_config import ConfigError, config_from_dict, embedded_default, load_config
+
+SCRIPTED = {"kind": "scripted", "agent": "tau:noisy",
+            "agent_kwargs": {"p": 0.7, "capabilities": ["multi_step_completion", "tool_calling_precision"]}}
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train: {max_step: 3}", "train.max_step: unknown key; did you mean max_steps?"),
+    ("evaluate: {seeds: many}", "evaluate.seeds: 'many' is not a count"),
+    ("rollout: {samples: two}", "rollout.samples must be int"),
+    ("base: {kind: hf}", "base.model is required with base.kind: hf"),
+    ("base: {kind: gpt}", "base.kind: 'gpt' is not one of tiny, hf, openai, scripted"),
+    ("base: {kind: openai, model: m}", "train.model is required with base.kind: openai"),
+    ("rollout: {seeds: '0:50'}\nevaluate: {seeds: '40:60'}", "evaluate.seeds and rollout.seeds share 10 seeds"),
+    ("evaluate: {ks: [1, 4]}", "evaluate.ks has k=4 > evaluate.samples=1"),
+    ("[1, 2]", "the config must be a mapping"),
+])
+def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(_write(tmp_path, text))
+    assert expected in str(err.value)
+    assert str(tmp_path / "run.yaml") in str(err.value)
+
+
+def test_the_cli_reports_a_config_error_on_one_line(tmp_path, capsys):
+    assert main(["run", str(_write(tmp_path, "compose: {top_k: 0}"))]) == 2
+    err = capsys.readouterr().err
+    assert "compose.top_k must be >= 1, got 0" in err and "Traceback" not in err
+
+
+def test_the_embedded_default_is_valid_and_cpu_only():
+    cfg = embedded_default()
+    assert cfg.base.kind == "tiny" and cfg.base.device == "cpu"
+    assert cfg.diagnose.llm_url is None and cfg.generate.llm_url is None  # offline analysis and generation
+    assert not set(range(1000, 1060)) & set(range(40))
+
+
+def test_the_shipped_example_configs_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).parent.parent / "examples" / "configs").glob("*.yaml"))
+    assert {p.name for p in configs} >= {"cpu_default.yaml", "gpu_qwen3.yaml", "openai_endpoint.yaml", "swe.yaml"}
+    for path in configs:
+        cfg = load_config(path)
+        assert cfg.rollout.targets
+    # The CPU example is the embedded default, written out.
+    cpu = load_config(configs[[p.name for p in configs].index("cpu_default.yaml")]).to_dict()
+    assert cpu == embedded_default().to_dict()
+
+
+def test_dry_run_prints_the_plan_with_estimates_and_runs_nothing(tmp_path, capsys):
+    cfg = _write(tmp_path, f"out: {tmp_path / 'run'}\nbase: {json.dumps(SCRIPTED)}\n"
+                           "rollout: {seeds: '1000:1040'}\ntrain: {model: /nonexistent}\n")
+    assert main(["run", str(cfg), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for stage in ("base", "rollout", "diagnose", "generate", "train", "compose", "evaluate"):
+        assert any(line.startswith(stage) for line in out.splitlines()), stage
+    assert "40 episodes of the base agent" in out and "estimated total:" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_default_dry_run_states_its_estimate_up_front(capsys, tmp_path):
+    assert main(["run", "--dry-run", "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "the embedded default" in out
+    total = next(line for line in out.splitlines() if line.startswith("estimated total:"))
+    assert "min" in total
+
+
+def test_stages_record_inputs_outputs_and_resume(tmp_path, capsys):
+    """The first three stages for real; a second run skips them; --from re-runs from a stage; a config change
+    re-runs exactly the stages whose inputs changed."""
+    run = tmp_path / "run"
+    text = (f"out: {run}\nbase: {json.dumps(SCRIPTED)}\nrollout: {{seeds: '1000:1040'}}\n"
+            "train: {model: /nonexistent}\n")
+    cfg = _write(tmp_path, text)
+    assert main(["run", str(cfg), "--until", "diagnose", "--no-progress"]) == 0
+    state = json.loads((run / "stages.json").read_text())["stages"]
+    assert [state[s]["status"] for s in ("base", "rollout", "diagnose")] == ["done"] * 3
+    assert "generate" not in state  # --until stopped after the diagnosis
+    rollout = state["rollout"]
+    assert rollout["outputs"] == ["rollouts/trajectories.jsonl"] and rollout["seconds"] >= 0
+    assert len(rollout["output_hashes"]["rollouts/trajectories.jsonl"]) == 16
+    # Inputs: the config section's fingerprint and the hashes of the outputs of the stages it reads.
+    assert set(state["diagnose"]["inputs"]) == {"config", "rollout"}
+    assert state["diagnose"]["inputs"]["rollout"] == rollout["output_hashes"]
+    assert sorted(state["diagnose"]["summary"]["retained"]) == ["multi_step_completion", "tool_calling_precision"]
+    assert (run / "config.yaml").exists() and (run / "report.md").exists() and (run / "report.html").exists()
+    lines = (run / "rollouts" / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 40
+    capsys.readouterr()
+
+    # Nothing changed: every stage is skipped.
+    assert main(["run", str(cfg), "--until", "diagnose", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{s}: done already" in out for s in ("base", "rollout", "diagnose"))
+
+    # --from diagnose re-runs the diagnosis only.
+    assert main(["run", str(cfg), "--until", "diagnose", "--from", "diagnose", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout: done already" in out and "diagnose: done in" in out
+
+    # A changed diagnose section re-runs the diagnosis, not the rollouts.
+    _write(tmp_path, text + "diagnose: {min_delta: 0.9}\n")
+    assert main(["run", str(cfg), "--until", "diagnose", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout: done already" in out and "diagnose: done in" in out
+    state = json.loads((run / "stages.json").read_text())["stages"]
+    assert state["diagnose"]["summary"]["retained"] == []
+
+
+def test_an_interrupted_rollout_stage_resumes_inside(tmp_path, capsys):
+    """A rollout stage left 'running' (a killed run) keeps its finished episodes and runs only the rest."""
+    run = tmp_path / "run"
+    cfg = _write(tmp_path, f"out: {run}\nbase: {json.dumps(SCRIPTED)}\nrollout: {{seeds: '1000:1030'}}\n"
+                           "train: {model: /nonexistent}\n")
+    assert main(["run", str(cfg), "--until", "rollout", "--no-progress"]) == 0
+    path = run / "rollouts" / "trajectories.jsonl"
+    lines = path.read_text().splitlines()
+    # Simulate the kill: 12 episodes on disk plus a torn line, the stage marked running.
+    path.write_text("\n".join(lines[:12]) + "\n" + lines[12][:40])
+    state = json.loads((run / "stages.json").read_text())
+    state["stages"]["rollout"]["status"] = "running"
+    (run / "stages.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--until", "rollout", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout: roll out the base agent on the target seeds (resuming)" in out
+    state = json.loads((run / "stages.json").read_text())["stages"]
+    assert state["rollout"]["summary"]["resumed_from"] == 12
+    again = path.read_text().splitlines()
+    assert len(again) == 30 and again[:12] == lines[:12]
+    assert sorted(json.loads(x)["seed"] for x in again) == list(range(1000, 1030))
+
+
+def test_a_stage_whose_part_is_missing_is_reported_unavailable(tmp_path, monkeypatch):
+    """A stage whose API is absent from the installation is marked so in the plan and the report."""
+    from trace_train import pipeline
+
+    original = pipeline._stage_list
+
+    def without_compose():
+        stages = original()
+        for s in stages:
+            if s.name == "compose":
+                s.requires = lambda: "not available in this build: trace_train.compose is not installed"
+        return stages
+
+    monkeypatch.setattr(pipeline, "_stage_list", without_compose)
+    cfg = config_from_dict({"out": str(tmp_path / "run"), "base": SCRIPTED, "rollout": {"seeds": "1000:1010"},
+                            "train": {"model": "/nonexistent"}})
+    rows = {r.stage: r for r in pipeline.Pipeline(cfg).plan()}
+    assert rows["compose"].action == "unavailable" and "not available in this build" in rows["compose"].note
