@@ -8,7 +8,12 @@ a bare ``docker run --rm IMAGE python3 -c 'print(1)'`` (FACTS.md §4: 350–480 
 * ``run_tests`` overhead: our wall time for one full-suite run minus the pytest process's own wall time
   measured inside the container (goal ≤ 100 ms); also shown against pytest's reported session time
   ("N passed in X s"), a gap that additionally holds interpreter start-up and ``import pytest``;
-* episodes per minute of the oracle agent with 4 environments in parallel (threads, one env each).
+* episodes per minute of the oracle agent with 4 environments in parallel (threads, one env each);
+* what the sandbox hardening costs: one command through the hardened wrapper (own process group, output
+  to a file, ``kill -9 -1`` of every leftover process, OOM/pids/disk counters) against a bare round trip
+  of the persistent shell; the grader's preparation (end every agent process from a fresh exec, restore
+  tests and configuration from the clean tree); and the grader's test run (a fresh exec as the grader uid)
+  minus its pytest process.
 
     python bench/swe_speed.py [--repo cachetools-5.5.2] [--n 10] [--parallel 4] [--episodes 16]
 
@@ -30,7 +35,7 @@ import trace_envs  # noqa: F401 - registers the ids
 from trace_envs import make_agent, rollout
 from trace_envs.swe.envs import load_repo
 from trace_envs.swe.sandbox import DockerSandbox
-from trace_envs.swe.tasks import run_tests
+from trace_envs.swe.tasks import apply_patch, load_instances, prepare_sandbox, restore_for_grading, run_tests
 
 ENV_ID = "trace/swe_repo-v0"
 
@@ -94,6 +99,30 @@ def measure_test_overhead(repo_key: str, n: int) -> tuple[float, float, float, f
             statistics.median(reported) if reported else float("nan"), statistics.median(counts))
 
 
+def measure_hardening(repo_key: str, n: int) -> dict[str, float]:
+    """Medians (seconds) of the hardened command, a bare shell round trip, the grader's restore and the
+    grader's test-run overhead."""
+    repo = load_repo(repo_key)
+    inst = load_instances([repo_key], max_bugs=1)[0]
+    bugged = apply_patch(repo.files, inst["patch"])
+    out: dict[str, list[float]] = {"command": [], "bare": [], "restore": [], "grader_overhead": []}
+    with DockerSandbox(repo.image()) as box:
+        prepare_sandbox(box, bugged)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            box.run("true")
+            out["command"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            box._exchange("echo __BENCH_MARK 0\n", "__BENCH_MARK ", 30)
+            out["bare"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            restore_for_grading(box, repo, bugged)
+            out["restore"].append(time.perf_counter() - t0)
+            run = run_tests(box, repo, as_grader=True)
+            out["grader_overhead"].append(run.seconds - run.process_seconds)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def throughput(repos: list[str], parallel: int, episodes: int) -> tuple[float, float, int]:
     """(episodes per minute, median episode seconds, successes) of the oracle with ``parallel`` envs."""
     per_env = max(1, episodes // parallel)
@@ -138,6 +167,7 @@ def main() -> None:
     cold = reset_cold(args.repo, args.n)
     warm = reset_warm(args.repo, args.n)
     wall, proc, reported, ntests = measure_test_overhead(args.repo, args.n)
+    hard = measure_hardening(args.repo, args.n)
     epm, ep_s, ok = throughput(args.throughput_repos, args.parallel, args.episodes)
     anchor_again = anchor_docker_run(image, max(3, args.n // 2))  # the machine's load can drift during the run
     anchor = statistics.median([anchor, anchor_again])
@@ -157,6 +187,10 @@ def main() -> None:
     row("  pytest's reported session time", reported, None)
     row("run_tests overhead over the pytest process", wall - proc, 0.100)
     row("run_tests wall minus pytest's reported time", wall - reported, None)
+    row("one command, hardened wrapper (`true`)", hard["command"], None)
+    row("  bare round trip of the persistent shell", hard["bare"], None)
+    row("grading: end agent processes + restore tree", hard["restore"], None)
+    row("grading: test run overhead (grader uid exec)", hard["grader_overhead"], None)
     print(f"{'oracle episodes per minute, ' + str(args.parallel) + ' envs in parallel':<46}{epm:8.1f} /min"
           f"   median episode {ep_s:.2f} s = {ep_s / anchor:.1f}× anchor; {ok} of {args.episodes // args.parallel * args.parallel} "
           "scored 1.0")

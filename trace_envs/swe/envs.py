@@ -72,11 +72,23 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
     Text: the issue, then tool results.
 
     ## Rewards
-    On ``submit`` (or a message to the user, which ends the episode): the agent's changes to
-    non-test files are kept, test files and test configuration are restored to their original
-    content, and the suite runs. 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes
-    (explicit passes only), else 0.0. Per-test statuses are in ``info["reward_breakdown"]``.
-    Editing or deleting tests earns nothing.
+    On ``submit`` (or a message to the user, which ends the episode), the grader trusts nothing the
+    agent left behind (:func:`~trace_envs.swe.tasks.restore_for_grading`): every process of the
+    agent is killed; test files, conftests, pytest and packaging configuration, ``.pth`` and
+    ``sitecustomize`` files are restored from the clean tree baked read-only into the image (not from
+    the agent's git ``HEAD``); caches, foreign symlinks and ``/tmp`` are wiped; only the agent's changes
+    to other files are kept. The suite then runs as a uid that cannot write the repository, through a
+    launcher no file in the repository can shadow (the report plugin loaded from its absolute path,
+    the standard library and installed packages ahead of the repository, no ``site``, no plugin
+    auto-loading; the instance's own conftests and ini file apply, as in validation). 1.0 iff every
+    FAIL_TO_PASS and PASS_TO_PASS test passes (explicit passes only), else 0.0; a change to the library
+    that reaches for pytest, the report or the import system earns 0.0 (``harness_tampering``).
+    Per-test statuses are in ``info["reward_breakdown"]``. :mod:`trace_envs.swe.cheats` lists the
+    attacks this defeats (all score 0.0 in ``tests/test_swe_adversarial.py``).
+
+    Commands: each runs in its own process group with a time budget; no process it starts outlives
+    it; out-of-memory kills, time-outs, the process limit and full disk budgets (``/testbed`` 256 MB,
+    ``/tmp`` 512 MB) are reported as such at the top of the ``bash`` result.
 
     ## Episode End
     ``submit`` or a message (terminated); ``max_episode_steps`` (truncated); a sandbox failure

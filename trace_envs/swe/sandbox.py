@@ -540,10 +540,36 @@ class DockerSandbox(Sandbox):
                                                           "exec 2>/dev/null; " + self._wrap(command, secs, max_output,
                                                                                             mark, also_read)],
                                       stdout=True, stderr=True, user=GRADER_USER, workdir=WORKDIR)["Id"]
-            raw = api.exec_start(exec_id)
+            sock = api.exec_start(exec_id, socket=True, tty=False)
         except Exception as exc:
             raise SandboxError(f"the grader's command could not run: {exc}") from exc
-        text = raw.decode("utf-8", errors="replace")
+        # Read the multiplexed frames to EOF on our own deadline (the API client's read timeout is shorter
+        # than a long suite's budget).
+        sock = getattr(sock, "_sock", sock)
+        buf, payload, deadline = b"", [], time.monotonic() + secs + 30
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SandboxError(f"the grader's command did not finish within {secs + 30}s")
+                sock.settimeout(remaining)
+                try:
+                    chunk = sock.recv(65536)
+                except socket.timeout as exc:
+                    raise SandboxError(f"the grader's command did not finish within {secs + 30}s") from exc
+                if not chunk:
+                    break
+                buf += chunk
+                while len(buf) >= 8 and len(buf) >= 8 + struct.unpack(">I", buf[4:8])[0]:
+                    size = struct.unpack(">I", buf[4:8])[0]
+                    payload.append(buf[8:8 + size])
+                    buf = buf[8 + size:]
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        text = b"".join(payload).decode("utf-8", errors="replace")
         if mark + " " not in text:
             raise SandboxError(f"the grader's command ended without its report: {text[-300:]}")
         return self._result(text, mark, secs, max_output, t0)
