@@ -94,3 +94,27 @@ def test_static_checks_name_the_line_and_construct():
     _, bad_answer = static_check('REGISTRATION = {"id": "gen/x-v0", "class": "E", "max_episode_steps": 5, '
                                  '"description": "d", "answer_tools": ["get_everything"]}\nclass E: pass\n')
     assert bad_answer is None
+
+
+GOOD = '''from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
+
+REGISTRATION = {"id": "gen/precondition_verification-v0", "class": "GoodEnv", "max_episode_steps": 30,
+                "kwargs": {"domain": "airline"}, "description": "the built-in precondition env, unchanged"}
+
+
+class GoodEnv(PreconditionVerificationEnv):
+    pass
+'''
+
+
+def test_without_bubblewrap_admission_falls_back_to_a_plain_subprocess_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no bwrap to be found
+    with pytest.warns(RuntimeWarning, match="bubblewrap"):
+        result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
+                              workspace=tmp_path / "ws", run_dir=tmp_path / "run",
+                              config=AdmissionConfig(n_seeds=4, probe_seeds=6))  # the default calibration
+    assert result.admitted, result.reason
+    report = json.loads(result.report_json.read_text())
+    assert report["sandbox"].startswith("plain subprocess") and "network NOT isolated" in report["warnings"][0]
+    assert "warning: bubblewrap" in result.report_md.read_text()
+    assert Workspace(tmp_path / "ws").ids() == ["gen/precondition_verification-v0"]
