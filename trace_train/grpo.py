@@ -508,7 +508,20 @@ def calibrate(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, model=
 # ----------------------------------------------------------------------------- train
 
 
+#: Most rows of a ``rollout: trl`` dataset (each costs an env reset to render its prompt; TRL cycles epochs).
+MAX_PROMPT_ROWS = 1024
+
+
 def _seed_dataset(cfg: TrainConfig, env_kwargs: dict[str, dict]):
+    """The training rows: one per (env, seed), with ``seed`` and ``environment`` columns.
+
+    TRACE's rollout function plays the envs itself and reads only those columns, so its rows carry a
+    placeholder prompt (no env is reset to build them: a long time-budgeted run has many seeds). TRL's tool
+    loop needs the real opening prompts: :func:`trace_envs.adapters.trl.make_dataset`, at most
+    :data:`MAX_PROMPT_ROWS` seeds per env.
+    """
+    from datasets import Dataset
+
     from trace_envs.adapters.trl import make_dataset
 
     lo, hi = cfg.train_seed_range()
@@ -516,7 +529,15 @@ def _seed_dataset(cfg: TrainConfig, env_kwargs: dict[str, dict]):
     # TRL's sampler drops an incomplete batch: with fewer rows than groups per step there would be no step at
     # all, so the seeds repeat until every env has at least a batch of rows.
     rows = max(count, math.ceil(cfg.groups_per_step / len(cfg.env_ids)))
-    return make_dataset(cfg.env_ids, seeds=[lo + i % count for i in range(rows)], env_kwargs=lambda e: env_kwargs[e])
+    if cfg.rollout == "trl":
+        rows = max(min(rows, MAX_PROMPT_ROWS), math.ceil(cfg.groups_per_step / len(cfg.env_ids)))
+        return make_dataset(cfg.env_ids, seeds=[lo + i % count for i in range(rows)],
+                            env_kwargs=lambda e: env_kwargs[e])
+    seeds = [lo + i % count for i in range(rows)]
+    placeholder = [{"role": "user", "content": ""}]
+    return Dataset.from_dict({"prompt": [placeholder] * (rows * len(cfg.env_ids)),
+                              "seed": seeds * len(cfg.env_ids),
+                              "environment": [e for e in cfg.env_ids for _ in seeds]})
 
 
 def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
