@@ -197,8 +197,13 @@ def check_calibration(job: dict, record: list) -> str:
     env = gym.make(job["env_id"])
     groups = []
     try:
-        members = [MixtureAgent(job["capability"], deficit=cal["deficit"], random=cal["random"], seed=j)
-                   for j in range(cal["group_size"])]
+        if cal.get("agent"):
+            from trace_envs.calibration import make_seeded_agent
+
+            members = [make_seeded_agent(cal["agent"], j) for j in range(cal["group_size"])]
+        else:
+            members = [MixtureAgent(job["capability"], deficit=cal["deficit"], random=cal["random"], seed=j)
+                       for j in range(cal["group_size"])]
         for g in range(cal["groups"]):
             seed = cal["seed_offset"] + g
             eps = [episode(env, m, seed) for m in members]
@@ -206,10 +211,11 @@ def check_calibration(job: dict, record: list) -> str:
             groups.append(Group(seed, [e["reward"] for e in eps], [e["success"] for e in eps]))
     finally:
         env.close()
-    report = summarize_groups(groups, env_id=job["env_id"], agent=members[0].name)
+    name = getattr(members[0], "name", type(members[0]).__name__)
+    report = summarize_groups(groups, env_id=job["env_id"], agent=name)
     figure = (f"mean {report.mean_reward:.2f}, success {report.success_rate:.2f}, all-0 {report.all_zero:.0%}, "
               f"all-1 {report.all_one:.0%}, informative {report.informative:.0%} "
-              f"({cal['groups']}x{cal['group_size']}, {members[0].name})")
+              f"({cal['groups']}x{cal['group_size']}, {name})")
     out = [f"{name} {value:.2f} outside [{lo}, {hi}]" for name, value, lo, hi, ok in report.checks() if not ok]
     if out:
         raise CheckFailed("calibration outside the band (FACTS.md §1): " + "; ".join(out) + " — the env is too "

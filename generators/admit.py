@@ -58,6 +58,8 @@ class AdmissionConfig:
         calibration_groups, calibration_group_size: G × K episodes of the calibration agent
             (:class:`generators.probes.MixtureAgent`; K = 8, GRPO's default group size).
         calibration_deficit, calibration_random: its chances to play the deficit / random agent.
+        calibration_agent: calibrate against this registered scripted agent instead (e.g. ``tau:noisy``;
+            built per group member with its sampling seed), as ``trace envs calibrate --agent`` does.
         sandbox: ``"auto"`` (bubblewrap when installed), ``"bwrap"`` (required) or ``"none"``.
     """
 
@@ -72,6 +74,7 @@ class AdmissionConfig:
     calibration_deficit: float = 0.4
     calibration_random: float = 0.25
     calibration_seed_offset: int = 1000
+    calibration_agent: str | None = None
     sandbox: str = "auto"
 
     def __post_init__(self) -> None:
@@ -407,7 +410,8 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
            "target_schemas": schemas, "capability": capability, "n_seeds": cfg.n_seeds,
            "digest_seeds": list(range(cfg.digest_seeds)), "probe_seeds": list(range(500, 500 + cfg.probe_seeds)),
            "calibration": {"groups": cfg.calibration_groups, "group_size": cfg.calibration_group_size,
-                           "deficit": cfg.calibration_deficit, "random": cfg.calibration_random, "seed_offset": cfg.calibration_seed_offset}}
+                           "deficit": cfg.calibration_deficit, "random": cfg.calibration_random,
+                           "agent": cfg.calibration_agent, "seed_offset": cfg.calibration_seed_offset}}
     start = time.monotonic()
     deadline, import_deadline = start + cfg.timeout_s, start + cfg.import_timeout_s
     full = _Worker(dict(job, mode="full", nonce=secrets.token_hex(8)), kind, stage, cfg, hash_seed=1)

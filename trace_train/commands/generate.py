@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--memory-mb", type=int, default=2048, help="memory limit of the admission process (MB)")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                    help="auto: bubblewrap when installed, else a plain subprocess with a warning")
+    p.add_argument("--calibration-agent", metavar="NAME",
+                   help="calibrate against this registered scripted agent (e.g. tau:noisy) instead of the "
+                        "built-in stand-in (the deficit agent / random / oracle mixture)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
@@ -52,7 +55,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.llm is None) != (args.model is None):
         raise CommandError("--llm URL and --model NAME go together")
     try:
-        config = AdmissionConfig(timeout_s=args.admission_timeout, memory_mb=args.memory_mb, sandbox=args.sandbox)
+        config = AdmissionConfig(timeout_s=args.admission_timeout, memory_mb=args.memory_mb, sandbox=args.sandbox,
+                                 calibration_agent=args.calibration_agent)
         options = {"temperature": args.temperature, "max_tokens": args.max_tokens, "timeout": args.timeout}
         results = generate(args.spec, args.workspace, run_dir=args.run_dir, llm_url=args.llm, model=args.model,
                            attempts=args.attempts, progress=not args.no_progress, api_key=args.api_key,
