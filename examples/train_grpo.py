@@ -19,13 +19,16 @@ GPU, a Qwen3 model (bf16; generation through HF ``generate`` in TRACE's rollout 
 
 GPU with TRL's vLLM generation (``pip install 'vllm<=0.31'``): colocate mode on one GPU; ``--vllm-mode
 server`` with ``trl vllm-serve --model Qwen/Qwen3-8B`` on other GPUs. Several GPUs / nodes go through
-``accelerate launch`` with a DeepSpeed ZeRO-2 or FSDP config (TRL ships both under
-``trl/accelerate_configs/``)::
+``accelerate launch`` with a DeepSpeed ZeRO-2 or FSDP config (TRL ships ``zero2.yaml`` and ``fsdp2.yaml``
+under ``trl/accelerate_configs/``; for several nodes add ``--num_machines``, ``--machine_rank`` and
+``--main_process_ip`` on each)::
 
     python examples/train_grpo.py --model Qwen/Qwen3-1.7B --device cuda --vllm --steps 40
+    CONFIGS=$(python -c "import os, trl; print(os.path.dirname(trl.__file__))")/accelerate_configs
     CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen3-8B &
-    CUDA_VISIBLE_DEVICES=1,2,3 accelerate launch --config_file zero2.yaml --num_processes 3 \\
+    CUDA_VISIBLE_DEVICES=1,2,3 accelerate launch --config_file $CONFIGS/zero2.yaml --num_processes 3 \\
         examples/train_grpo.py --model Qwen/Qwen3-8B --device cuda --vllm --vllm-mode server --steps 40
+    # FSDP instead of ZeRO-2: --config_file $CONFIGS/fsdp2.yaml
 """
 
 from __future__ import annotations
