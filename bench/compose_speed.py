@@ -12,8 +12,9 @@ Models: the ``tiny`` preset (trace_train.models) and ``100m``, a random Qwen3 co
 every projection of every block, the costliest layout). The composed model's gates are set so that
 every token goes to one of the K experts (none to the base slot), spread over all of them: each token
 pays for exactly one adapter, the same LoRA work as the anchor, so the ratio shows the routing overhead.
-Timings are medians over ``--repeats`` interleaved runs (variants take turns, so machine load hits them
-alike); the machine this ran on is shared, so read ratios, not absolute times.
+Timings are medians over ``--repeats`` interleaved runs (variants take turns). With one CPU thread
+(the default) the clock is the process's CPU time, so other jobs on a shared machine do not enter the
+measurement; with more threads or on CUDA it is wall time.
 
 Usage::
 
@@ -127,14 +128,20 @@ def main() -> None:
     device = args.device
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
+    # On a CPU the clock is this process's CPU time: other jobs on a shared machine then slow every
+    # variant without entering the measurement (with one torch thread, CPU time is the work done).
+    # On CUDA it is wall time around synchronised calls.
+    clock = time.perf_counter if device.startswith("cuda") or args.threads != 1 else time.process_time
+
     def timed(fn) -> float:
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        return time.perf_counter() - t0
+        return clock() - t0
 
-    print(f"device {device}, {torch.get_num_threads()} thread(s), LoRA rank {args.rank} on {len(TARGETS)} "
+    print(f"device {device}, {torch.get_num_threads()} thread(s), clock: "
+          f"{'process CPU time' if clock is time.process_time else 'wall time'}; LoRA rank {args.rank} on {len(TARGETS)} "
           f"projections per block; prefill {args.batch} x {args.length} tokens, generate {args.batch} x "
           f"{args.new_tokens} new tokens after {args.prompt}; median of {args.repeats}\n")
     summary = []

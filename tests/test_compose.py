@@ -223,6 +223,9 @@ def test_save_load_round_trip_and_hash_check(setup, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
     AutoTokenizer.from_pretrained(str(out))  # the folder carries its tokenizer
+    from trace_train.models import model_metadata
+
+    assert model_metadata(out) == model_metadata(base) != {}  # and the env kwargs its base was trained with
 
     # An adapter changed after composing is refused (the hash no longer matches).
     moved = root / "changed"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -350,6 +351,11 @@ class ComposedModel(nn.Module):
         tokenizer.save_pretrained(out)
         if getattr(self.model, "generation_config", None) is not None:
             self.model.generation_config.save_pretrained(out)
+        # A base built here records the env kwargs it was trained with (trace_model.json, e.g. the compact
+        # prompt); rollouts of the composed folder must use the same ones.
+        meta = Path(self.spec.base) / "trace_model.json"
+        if meta.is_file():
+            shutil.copyfile(meta, out / "trace_model.json")
         return out
 
     @classmethod
