@@ -48,7 +48,7 @@ def tokenizer(tmp_path_factory):
                                                      env_ids=[ENV], corpus_seeds=4).path)  # test_grpo's base
 
 
-def _run(tokenizer, seeds: list[int], **kw):
+def _run(tokenizer, seeds: list[int], rows: list[dict] | None = None, **kw):
     from trace_train.grpo import GroupRollouts, TrainConfig, env_kwargs_for
 
     cfg = TrainConfig(env_ids=[ENV], env_kwargs={"difficulty": 1, "prompt": "compact"}, model="unused",
@@ -60,7 +60,7 @@ def _run(tokenizer, seeds: list[int], **kw):
             return policy
 
     rollouts = Scripted(cfg, {ENV: env_kwargs_for(cfg, ENV)}, "cpu")
-    rows = [{"seed": s, "environment": ENV} for s in seeds for _ in range(cfg.group_size)]
+    rows = rows or [{"seed": s, "environment": ENV} for s in seeds for _ in range(cfg.group_size)]
     trainer = SimpleNamespace(_trace_rows=rows, processing_class=tokenizer, state=SimpleNamespace(global_step=0),
                               model=SimpleNamespace(training=True))
     return cfg, policy, rollouts, rollouts([r for r in rows], trainer)
@@ -100,3 +100,12 @@ def test_hint_mode_hints_a_share_and_trains_on_the_plain_prompt(tokenizer):
     # Every episode takes two turns (the lookup, then the reply): 2 of the group's 4 episodes saw the hint.
     assert len(policy.systems) == 8 and sum(HINT in s for s in policy.systems) == 4
     assert all(HINT not in tokenizer.decode(p) for p in out["prompt_ids"])
+
+
+def test_a_group_split_across_processes_plays_its_share(tokenizer):
+    """With several processes TRL may give one process part of a group: it plays those members (same seed);
+    dynamic sampling, which needs whole groups, stays off."""
+    rows = [{"seed": 1_000_000, "environment": ENV}] * 3 + [{"seed": 1_000_001, "environment": ENV}]
+    cfg, policy, rollouts, out = _run(tokenizer, [1_000_000], rows=rows, resample_attempts=2)
+    assert len(out["prompt_ids"]) == 4 and rollouts.last["resampled_groups"] == 0
+    assert len({tuple(p) for p in out["prompt_ids"][:3]}) == 1 and out["prompt_ids"][3] != out["prompt_ids"][0]

@@ -51,8 +51,8 @@ logger = logging.getLogger(__name__)
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
                "resampled_groups", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
-               "learning_rate", "generation_s", "env_s", "rollout_s", "forward_backward_s", "optimizer_s", "step_s",
-               "reward_by_env")
+               "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s", "forward_backward_s", "optimizer_s",
+               "step_s", "reward_by_env")
 
 __all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "train"]
 
@@ -212,30 +212,38 @@ class GroupRollouts:
                        max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
                        name="grpo-policy")
 
-    def _play(self, agent, groups: list[tuple[str, int]]) -> list[list[dict]]:
-        """The episodes of ``groups`` ((env id, seed) each), ``group_size`` per group, in group order."""
+    def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
+        """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
+        group's members play with the hint."""
         from .rollouts import run_rollouts
 
-        g = self.cfg.group_size
-        hinted = int(self.cfg.hint_share * g)
-        out: dict[tuple[str, int], list[list[dict]]] = {}
-        for env_id in dict.fromkeys(e for e, _ in groups):
-            seeds = [s for e, s in groups if e == env_id]
-            plays = [(agent, g - hinted)]
-            if hinted:
-                plays.append((_HintedAgent(agent, self.hints[env_id]), hinted))
-            episodes: dict[int, list[dict]] = {}
-            for who, samples in plays:
-                summary = run_rollouts(env_id, who, seeds=seeds, samples=samples, in_flight=len(seeds) * samples,
-                                       env_kwargs=self.env_kwargs[env_id], progress=False, keep_records=True,
-                                       max_steps=self.cfg.max_tool_calling_iterations)
-                for record in sorted(summary.records, key=lambda r: (r["seed"], r["sample"])):
-                    episodes.setdefault(int(record["seed"]), []).append(record)
-            for seed in seeds:  # a seed drawn twice in one batch gets two groups
-                records = episodes[seed]
-                out.setdefault((env_id, seed), []).append(records[:g])
-                episodes[seed] = records[g:]
-        return [out[key].pop(0) for key in groups]
+        results: list[list[dict]] = [[] for _ in groups]
+        for env_id in dict.fromkeys(e for e, _, _ in groups):
+            for n in sorted({m for e, _, m in groups if e == env_id}):
+                hinted = int(self.cfg.hint_share * n)
+                plays = [(agent, n - hinted)] + ([(_HintedAgent(agent, self.hints[env_id]), hinted)] if hinted else [])
+                pending = [i for i, (e, _, m) in enumerate(groups) if e == env_id and m == n]
+                while pending:  # one call per set of distinct seeds: a seed drawn twice is played twice
+                    batch, seen = [], set()
+                    for i in pending:
+                        if groups[i][1] not in seen:
+                            batch.append(i)
+                            seen.add(groups[i][1])
+                    pending = [i for i in pending if i not in batch]
+                    seeds = [groups[i][1] for i in batch]
+                    for who, samples in plays:
+                        if samples < 1:
+                            continue
+                        summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
+                                               in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
+                                               progress=False, keep_records=True,
+                                               max_steps=self.cfg.max_tool_calling_iterations)
+                        by_seed: dict[int, list[dict]] = {}
+                        for record in sorted(summary.records, key=lambda r: (r["seed"], r["sample"])):
+                            by_seed.setdefault(int(record["seed"]), []).append(record)
+                        for i in batch:
+                            results[i].extend(by_seed[groups[i][1]])
+        return results
 
     def _resample_seed(self, step: int, group: int, attempt: int) -> int:
         """A fresh training seed for attempt ``attempt`` of group ``group`` at ``step`` (a pure function, so a
@@ -255,13 +263,20 @@ class GroupRollouts:
         g = cfg.group_size
         if len(rows) % g:
             raise RuntimeError(f"a batch of {len(rows)} rows is not whole groups of {g}")
-        groups = []
-        for start in range(0, len(rows), g):
-            members = {(r.get("environment") or cfg.env_ids[0], int(r["seed"])) for r in rows[start:start + g]}
-            if len(members) != 1:
-                raise RuntimeError(f"rows {start}..{start + g - 1} are not one group (seeds {sorted(members)}); "
-                                   "TRL's sampler must repeat each row num_generations times")
-            groups.append(members.pop())
+        # Consecutive rows with one seed are one group's members. On one process they are whole groups; with
+        # several processes TRL may split a group across them, and each process plays its share of it.
+        groups: list[tuple[str, int, int]] = []
+        for r in rows:
+            key = (r.get("environment") or cfg.env_ids[0], int(r["seed"]))
+            if groups and groups[-1][:2] == key and groups[-1][2] < g:
+                groups[-1] = (*key, groups[-1][2] + 1)
+            else:
+                groups.append((*key, 1))
+        whole = all(n == g for _, _, n in groups)
+        if cfg.resample_attempts and not whole and not getattr(self, "_warned_split", False):
+            logger.warning("GRPO groups are split across processes; dynamic sampling needs whole groups on one "
+                           "process and is off (set per_device_train_batch_size to a multiple of group_size)")
+            self._warned_split = True
         t0 = time.perf_counter()
         was_training = trainer.model.training  # HFAgent puts the model in eval mode; TRL reads the mode after
         agent = self._agent(trainer)
@@ -269,22 +284,21 @@ class GroupRollouts:
             played = self._play(agent, groups)
             flat_before = [_flat([r["reward"] for r in eps]) for eps in played]
             resampled = 0
-            for attempt in range(cfg.resample_attempts):
+            for attempt in range(cfg.resample_attempts if whole else 0):
                 todo = [i for i, eps in enumerate(played) if _flat([r["reward"] for r in eps])]
                 if not todo:
                     break
-                fresh = [(groups[i][0], self._resample_seed(trainer.state.global_step, i, attempt)) for i in todo]
+                fresh = [(groups[i][0], self._resample_seed(trainer.state.global_step, i, attempt), g) for i in todo]
                 for i, eps in zip(todo, self._play(agent, fresh)):
                     played[i] = eps
                 resampled += len(todo)
         finally:
             if hasattr(getattr(agent, "model", None), "train"):
                 agent.model.train(was_training)
+        played_s = time.perf_counter() - t0
         tokenizer = trainer.processing_class
         prompt_ids, completion_ids, env_mask, rewards, env_names = [], [], [], [], []
-        gen_s = env_s = 0.0
-        episodes = 0
-        for (env_id, _), eps in zip(groups, played):
+        for (env_id, _, _), eps in zip(groups, played):
             for record in eps:
                 p, c, m = encode_episode(tokenizer, record, cfg.max_completion_length)
                 prompt_ids.append(p)
@@ -292,17 +306,18 @@ class GroupRollouts:
                 env_mask.append(m)
                 rewards.append(float(record["reward"]))
                 env_names.append(env_id)
-        episodes = (len(groups) + resampled) * g
+        episodes = len(rows) + resampled * g
         self.episodes += episodes
         stats = getattr(agent, "stats", None)
         gen_s = stats.seconds if stats is not None else sum(r["timing"]["agent_s"] for eps in played for r in eps)
-        # Env time of every episode played (resampled ones too) is inside the wall time; the agent's is gen_s.
+        # Playing = generation + the envs (tool calls, the simulated user, the reward at the last step, resets);
+        # encoding the episodes into tokens comes after.
         wall = time.perf_counter() - t0
-        env_s = max(0.0, wall - gen_s)
+        env_s = max(0.0, played_s - gen_s)
         by_env = {e: [r for r, n in zip(rewards, env_names) if n == e] for e in dict.fromkeys(env_names)}
         self.last = {"episodes": episodes, "resampled_groups": resampled,
                      "informative_before_resampling": 1.0 - sum(flat_before) / len(flat_before),
-                     "generation_s": gen_s, "env_s": env_s, "rollout_s": wall,
+                     "generation_s": gen_s, "env_s": env_s, "encode_s": wall - played_s, "rollout_s": wall,
                      "reward_by_env": {e: sum(v) / len(v) for e, v in by_env.items()}}
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None,
                 "env_mask": env_mask, "env_reward": rewards}
@@ -387,7 +402,8 @@ def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path
                    "completion_length": logs.get("completions/mean_length"),
                    "clipped_ratio": logs.get("completions/clipped_ratio"), "loss": logs.get("loss"),
                    "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
-                   "generation_s": last.get("generation_s"), "env_s": last.get("env_s"), "rollout_s": rollout_s,
+                   "generation_s": last.get("generation_s"), "env_s": last.get("env_s"),
+                   "encode_s": last.get("encode_s"), "rollout_s": rollout_s,
                    "forward_backward_s": (self.step_s - self.optimizer_s - rollout_s) if rollout_s else None,
                    "optimizer_s": self.optimizer_s, "step_s": self.step_s,
                    "reward_by_env": json.dumps(last.get("reward_by_env", {}), sort_keys=True)}
