@@ -24,8 +24,10 @@ $(VENV)/.installed: pyproject.toml
 docker:
 	bash scripts/setup_docker.sh
 
+# The embedded default of `trace run` (CPU, the tiny model, the τ² airline target); it prints its plan and
+# time estimate first. The report lands in runs/demo/report.md and report.html.
 demo: setup
-	$(VENV)/bin/trace demo
+	$(VENV)/bin/trace run --out runs/demo
 
 test: setup docker
 	$(PY) -m pytest -q -p no:cacheprovider

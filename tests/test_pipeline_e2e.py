@@ -21,15 +21,7 @@ STAGES = ["base", "rollout", "diagnose", "generate", "train", "compose", "evalua
 CAPABILITIES = ["multi_step_completion", "tool_calling_precision"]
 
 
-@pytest.fixture(scope="module")
-def nano() -> str:
-    from trace_train.models import build_model
-
-    return str(build_model("nano", env_ids=["trace/tau_airline-v0", "trace/multi_step_completion-v0",
-                                            "trace/tool_calling_precision-v0"], corpus_seeds=2).path)
-
-
-def write_config(path: Path, out: Path, model: str) -> Path:
+def write_config(path: Path, out: Path) -> Path:
     path.write_text(f"""
 out: {out}
 base:
@@ -37,9 +29,9 @@ base:
   agent: "tau:noisy"
   agent_kwargs: {{p: 0.7, capabilities: {json.dumps(CAPABILITIES)}}}
   max_new_tokens: 12
-rollout: {{targets: [trace/tau_airline-v0], seeds: "1000:1040", env_kwargs: {{max_episode_steps: 4}}}}
+rollout: {{targets: [trace/tau_airline-v0], seeds: "1000:1040", env_kwargs: {{max_episode_steps: 4, prompt: compact}}}}
 train:
-  model: {model}
+  model: nano                     # the nano preset, built here offline (cached by content)
   max_steps: 2
   sft_steps: 2
   options: {{group_size: 2, groups_per_step: 1, calibration_groups: 0, sft_episodes: 2, max_turn_tokens: 12,
@@ -57,10 +49,10 @@ def artifacts(run: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory, nano) -> Path:
+def full_run(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("e2e")
     run = work / "run"
-    assert main(["run", str(write_config(work / "ci.yaml", run, nano)), "--no-progress"]) == 0
+    assert main(["run", str(write_config(work / "ci.yaml", run)), "--no-progress"]) == 0
     return run
 
 
@@ -114,9 +106,9 @@ def test_every_stage_writes_its_artifacts_and_every_report_table_holds_numbers(f
 
 
 @pytest.mark.slow
-def test_a_run_killed_during_training_resumes_and_ends_with_the_same_artifacts(tmp_path, nano, full_run):
+def test_a_run_killed_during_training_resumes_and_ends_with_the_same_artifacts(tmp_path, full_run):
     run = tmp_path / "run"
-    cfg = write_config(tmp_path / "ci.yaml", run, nano)
+    cfg = write_config(tmp_path / "ci.yaml", run)
     cmd = [sys.executable, "-m", "trace_train.cli", "run", str(cfg), "--no-progress"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

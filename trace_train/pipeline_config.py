@@ -194,7 +194,8 @@ class TrainSection:
 
     Attributes:
         model: the model whose adapters are trained (default: the base agent's model; required when the
-            base agent is an endpoint or a scripted agent).
+            base agent is an endpoint or a scripted agent): a folder, a hub id in the local cache, or a size
+            preset of the tiny model (``nano``, ``tiny``, ``small``), then built here offline and cached.
         max_steps: GRPO steps per adapter.
         max_minutes: a training-time budget per adapter (minutes; the trainer stops before the step that
             would overrun it), with ``max_steps`` then an upper bound. None = steps only.

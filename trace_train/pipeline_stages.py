@@ -118,6 +118,15 @@ def run_base(ctx) -> tuple[list[str], dict]:
         info.update(agent=b.agent or "mixture", agent_kwargs=b.agent_kwargs, mixture=b.mixture)
         _scripted_agent(b)  # fail here, not in the rollouts, if the name is wrong
     _check_targets(ctx)
+    preset = ctx.cfg.train.model
+    from trace_train.models import PRESETS
+
+    if preset in PRESETS:  # train.model names a size preset: build it here (offline, cached by content)
+        from trace_train.models import build_model, default_corpus_envs
+
+        built = build_model(preset, env_ids=sorted(set(default_corpus_envs()) | set(ctx.cfg.rollout.targets)))
+        info["train_model_path"] = str(built.path)
+        outputs.append(str(built.path))
     ctx.path("base").mkdir(parents=True, exist_ok=True)
     (ctx.path("base", "base.json")).write_text(json.dumps(info, indent=2, default=str) + "\n")
     return outputs, info
@@ -197,7 +206,9 @@ def _scripted_agent(b: BaseSection, seed: int = 0):
 
 def base_model_path(ctx) -> str | None:
     """The local model the adapters are trained on: ``train.model`` or the base agent's own model."""
-    return ctx.cfg.train.model or ctx.summary("base").get("model_path")
+    summary = ctx.summary("base")
+    model = summary.get("train_model_path") or ctx.cfg.train.model or summary.get("model_path")
+    return str(Path(model).expanduser()) if model else None
 
 
 def model_env_kwargs_fn(model: str | None, extra: dict | None = None):
@@ -543,7 +554,7 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
         rows.append(("base", "base", lambda: make_base_agent(ctx, temperature=e.temperature)[0], 0, ""))
     if "sft" in wanted:
         a = train.get("baselines", {}).get("sft")
-        rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("_sft", spent.get("sft", 0)),
+        rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("sft", 0),
                      "" if a else why_missing("train")))
     if "adapters" in wanted:
         if adapters:
@@ -555,7 +566,7 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
         a = train.get("baselines", {}).get("multi")
         note = "" if a else (why_missing("train") if not adapters else "not in this run: needs ≥ 2 capabilities")
         rows.append(("multi", "multi-capability GRPO (one adapter)", hf(model, a) if a else None,
-                     spent.get("_multi", 0), note))
+                     spent.get("multi", 0), note))
     methods = comp.get("methods", {})
     for method in ("linear", "ties"):
         if f"merge_{method}" in wanted:

@@ -1,6 +1,7 @@
-"""``trace demo``: the main job on the embedded default (what ``make demo`` runs).
+"""``trace demo``: a half-minute tour of TRACE's first stages with a scripted base agent whose gaps are known.
 
-The TRACE loop, as far as it exists today, on a base agent whose gaps are known:
+The main job — the whole loop on the tiny model, with a report — is ``trace run`` (what ``make demo``
+runs). This tour needs no model: it shows the diagnosis finding exactly the gaps planted in the base.
 
 1. **Roll out** the base agent on the τ²-style targets (``trace/tau_airline-v0``,
    ``trace/tau_retail-v0``). The embedded base agent is the scripted reference agent that, in each
@@ -13,9 +14,9 @@ The TRACE loop, as far as it exists today, on a base agent whose gaps are known:
    (``trace/<capability>-v0``) is calibrated against the base agent and the oracle — the base agent
    scores low where it lacks the capability, the oracle scores 1.0.
 
-Training one LoRA adapter per capability with GRPO and composing them (stages 3–4 of TRACE) join
-this command as they land; ``examples/train_trl.py`` already trains on these environments with TRL.
-Everything is written under ``--out`` (trajectories, ``capabilities.json``, report, figure, specs).
+Training one LoRA adapter per capability with GRPO and composing them (stages 3–4 of TRACE) need a
+model: ``trace run`` does them. Everything is written under ``--out`` (trajectories,
+``capabilities.json``, report, figure, specs).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ DEFAULT_LACKS = ["multi_step_completion", "tool_calling_precision"]
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="run the main job on the embedded default",
+    p = subparsers.add_parser("demo", help="a half-minute tour of the first stages (scripted base; no model)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", nargs="+", default=DEFAULT_TARGETS, help="target env ids")
     p.add_argument("--base-lacks", nargs="*", default=DEFAULT_LACKS, metavar="CAPABILITY",
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                "trajectories": str(path), "capabilities": str(result.capabilities_json)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\nDone in {summary['seconds']:.1f} s. Outputs in {out}/ "
-          "(next stages — GRPO per capability, composition — land in later releases).")
+          "(the whole loop — GRPO per capability, composition, evaluation — is `trace run`).")
     return 0
 
 

@@ -269,9 +269,10 @@ def _compose_section(doc: Document, run: Path, stages: dict) -> None:
 
 def _short(v: str) -> str:
     try:
-        return f"{float(v):.3f}"
+        x = float(v)
     except ValueError:
         return v
+    return str(int(x)) if x.is_integer() and abs(x) > 1 else f"{x:.3f}"  # counts stay counts, shares get 3 digits
 
 
 def _results_section(doc: Document, run: Path, stages: dict) -> None:
