@@ -194,7 +194,7 @@ def target_tool_schemas(target_env: str, spec_schemas: list[dict] | None = None)
     """The target's tool schemas: from a reset of the target env, or the spec's when the target needs Docker."""
     import gymnasium as gym
 
-    import trace_envs
+    import trace_envs  # noqa: F401 - registers the ids
     from trace_envs.core.registry import get_entry
 
     entry = get_entry(target_env)
@@ -209,7 +209,6 @@ def target_tool_schemas(target_env: str, spec_schemas: list[dict] | None = None)
         return list(info["tools"])
     finally:
         env.close()
-    del trace_envs
 
 
 # ------------------------------------------------------------------------------------------------ sandbox
@@ -428,6 +427,8 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
                 _record(rows, event)
             elif event["event"] == "digest":
                 digests["full"] = event.get("digests")
+            elif event["event"] == "rewards":
+                digests["rewards"] = event
             elif event["event"] == "timeout":
                 timed_out = True
                 which = "importing the module" if event["importing"] else f"check {current!r}"
@@ -468,10 +469,13 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
     out_of_range = [r for r in rows.values() if "outside [0, 1]" in r.reason]
     if out_of_range:
         rng_row.status, rng_row.reason = "failed", f"reward out of range: {out_of_range[0].reason.splitlines()[0]}"
-    elif rows["calibration"].passed and rows["conformance: reward range and truncation"].passed:
-        rng_row.status, rng_row.figure = "passed", "every step of every probe and calibration episode"
-    elif any(r.status == "failed" for r in rows.values()):
-        rng_row.reason = "not established (an earlier check failed)"
+    elif digests.get("rewards") and rows["conformance: reward range and truncation"].passed:
+        seen = digests["rewards"]
+        rng_row.status = "passed"
+        rng_row.figure = (f"every step of {seen['count']} probe and calibration episodes "
+                          f"(episode rewards {seen['low']:.2f}..{seen['high']:.2f})")
+    else:
+        rng_row.reason = "not established (the checks that measure it did not finish)"
 
 
 def _row_name(check: str | None) -> str | None:

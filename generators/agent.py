@@ -151,7 +151,7 @@ def _policy(target_env: str) -> str:
     """The target's system prompt (policy, tool list and call format), from one reset."""
     import gymnasium as gym
 
-    import trace_envs
+    import trace_envs  # noqa: F401 - registers the ids
     from trace_envs.core.registry import get_entry
 
     try:
@@ -166,7 +166,6 @@ def _policy(target_env: str) -> str:
         return str(messages[0].get("content", "")) if messages else ""
     finally:
         env.close()
-    del trace_envs
 
 
 def _successes(spec: dict, limit: int) -> list[dict]:
