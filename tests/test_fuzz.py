@@ -44,7 +44,7 @@ STEP_TIME_LIMIT_S = 5.0
 STEP_WALL_LIMIT_S = 60.0
 
 PROFILES = {
-    "ci": dict(max_examples=60, derandomize=True, database=None),
+    "ci": dict(max_examples=120, derandomize=True, database=None),
     "thorough": dict(max_examples=300, derandomize=False),
 }
 PROFILE = os.environ.get("TRACE_FUZZ_PROFILE", "ci")
