@@ -244,7 +244,9 @@ def _command(kind: str, stage: Path) -> list[str]:
     py = [sys.executable, str(WORKER)]
     if kind == "none":
         return py
-    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    # /run is replaced by an empty tmpfs: a read-only bind does not stop connecting to a Unix socket
+    # there (the Docker daemon's, D-Bus), and --unshare-net does not cover filesystem sockets.
+    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run",
             "--ro-bind", str(stage), str(stage), "--chdir", str(stage), "--unshare-net", "--unshare-pid",
             "--unshare-ipc", "--new-session", "--die-with-parent", *py]
 

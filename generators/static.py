@@ -42,6 +42,11 @@ DANGEROUS_IMPORTS = {
     "time": "the clock (a task must be a pure function of the seed)", "gc": "interpreter internals",
     "inspect": "interpreter internals",
 }
+#: Parts of ``trace_envs`` that reach outside the process (containers, the Docker daemon, HTTP endpoints).
+FORBIDDEN_PROJECT_MODULES = {"trace_envs.swe.sandbox": "starting containers", "trace_envs.swe.images":
+                             "building Docker images", "trace_envs.swe.sandbox_pytest": "running commands",
+                             "trace_envs.swe.sandbox_tree": "running commands",
+                             "trace_envs.core.llm": "network requests", "trace_envs.domains.user": "network requests"}
 #: Builtins whose call is refused anywhere.
 FORBIDDEN_CALLS = {
     "eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code", "__import__": "a dynamic import",
@@ -97,7 +102,11 @@ class _Visitor(ast.NodeVisitor):
 
     def _import(self, node: ast.AST, module: str) -> None:
         top = module.split(".")[0]
-        if top in DANGEROUS_IMPORTS:
+        project = next((m for m in FORBIDDEN_PROJECT_MODULES if module == m or module.startswith(m + ".")), None)
+        if project is not None:
+            self.add("no process, network or foreign-memory access", node,
+                     f"imports {module} ({FORBIDDEN_PROJECT_MODULES[project]} is not allowed in an env)")
+        elif top in DANGEROUS_IMPORTS:
             self.add("imports on the allow-list", node, f"imports {module} ({DANGEROUS_IMPORTS[top]} is not allowed "
                                                         f"in an env)")
         elif top not in ALLOWED_IMPORTS:
@@ -115,7 +124,11 @@ class _Visitor(ast.NodeVisitor):
         else:
             self._import(node, node.module or "")
             for alias in node.names:
-                if alias.name in FORBIDDEN_ATTRIBUTES or alias.name in DANGEROUS_IMPORTS:
+                full = f"{node.module}.{alias.name}"
+                if full in FORBIDDEN_PROJECT_MODULES:
+                    self.add("no process, network or foreign-memory access", node,
+                             f"imports {full} ({FORBIDDEN_PROJECT_MODULES[full]} is not allowed in an env)")
+                elif alias.name in FORBIDDEN_ATTRIBUTES or alias.name in DANGEROUS_IMPORTS:
                     self.add("no process, network or foreign-memory access", node,
                              f"imports {alias.name!r} from {node.module}")
         self.generic_visit(node)
@@ -131,6 +144,8 @@ class _Visitor(ast.NodeVisitor):
                 name = node.args[1] if len(node.args) > 1 else None
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                     self.add("no dunder escapes", node, f"{fn.id}() with a computed attribute name")
+                elif name.value.startswith("__") or name.value in FORBIDDEN_ATTRIBUTES:
+                    self.add("no dunder escapes", node, f"{fn.id}() of the attribute {name.value!r}")
         elif isinstance(fn, ast.Attribute) and fn.attr in ("open", "write_text", "write_bytes") \
                 and not (isinstance(fn.value, ast.Name) and fn.value.id in ("self",)):
             if fn.attr == "open":
