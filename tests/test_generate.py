@@ -160,6 +160,7 @@ def test_workspace_appends_are_atomic_locked_and_never_overwrite(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.docker
 def test_offline_generator_admits_swe_localization_from_swe_repo_rollouts(tmp_path):
     """The SWE family: swe_repo rollouts (Docker) -> diagnose -> a swe_localization env, admitted and conformant."""
     from conftest import REQUIREMENT_CHECKS, allowed_missing
