@@ -195,17 +195,28 @@ class RoutedLoRALinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if self.router.owner.mode == "dense":
             return out + self._dense(flat, d).view_as(out)
+        # The gating weight scales the rank-r intermediate (r columns, not out_features).
         if d.dense is not None:  # a step of few tokens: stacked experts, masked
             h = (flat @ self.lora_A_all.t()) * d.mask(self.ranks).to(flat.dtype)
             return out + (h @ self.lora_B_all.t()).view_as(out)
+        w = d.weights.to(flat.dtype).unsqueeze(-1)
         if d.token_idx is None:  # one expert for every token
-            delta = self.expert_delta(flat, d.segments[0][0]) * d.weights.unsqueeze(-1)
-            return out + delta.view_as(out)
+            a, b = self.expert(d.segments[0][0])
+            return out + (((flat @ a.t()) * w) @ b.t()).view_as(out)
         routed = flat.index_select(0, d.token_idx)
-        parts = [self.expert_delta(routed[s:e], k) for k, s, e in d.segments]
-        delta = (parts[0] if len(parts) == 1 else torch.cat(parts)) * d.weights.unsqueeze(-1)
-        flat_out = out.reshape(-1, out.shape[-1]).index_add(0, d.token_idx, delta.to(out.dtype))
-        return flat_out.view_as(out)
+        flat_out = out.view(-1, out.shape[-1])
+        if not torch.is_grad_enabled():  # inference: write each segment in place, add back in place
+            delta = flat_out.new_empty(routed.shape[0], flat_out.shape[1])
+            for k, s, e in d.segments:
+                a, b = self.expert(k)
+                torch.mm((routed[s:e] @ a.t()).mul_(w[s:e]), b.t(), out=delta[s:e])
+            return flat_out.index_add_(0, d.token_idx, delta).view_as(out)
+        parts = []
+        for k, s, e in d.segments:
+            a, b = self.expert(k)
+            parts.append(((routed[s:e] @ a.t()) * w[s:e]) @ b.t())
+        delta = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return flat_out.index_add(0, d.token_idx, delta.to(out.dtype)).view_as(out)
 
     def _dense(self, flat: torch.Tensor, d: Dispatch) -> torch.Tensor:
         """Every expert on every token, masked to the chosen ones (the dense reference)."""
@@ -289,6 +300,9 @@ class ComposedModel(nn.Module):
         self._hooks = []
         for i, block in enumerate(blocks):
             self._hooks.append(block.register_forward_pre_hook(self._make_hook(self.routers[i]), with_kwargs=True))
+            # The dispatch lives for one block forward (it would otherwise keep the last graph alive).
+            self._hooks.append(block.register_forward_hook(
+                lambda module, args, out, router=self.routers[i]: setattr(router, "dispatch", None)))
         for name, pairs in experts.items():
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name)
