@@ -188,14 +188,14 @@ def write_routing(rows: list[dict], slot_names: Sequence[str], out_dir: Path) ->
     ordered = sorted(rows, key=lambda r: (r["env_id"], r["role"] != "all", r["role"]))
     labels = [f"{r['env_id']} · {r['role']}" for r in ordered]
     values = [[r[s] for s in slot_names] for r in ordered]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(slot_names), 0.9 + 0.36 * len(labels)))
+    fig, ax = plt.subplots(figsize=(4.5 + 1.1 * len(slot_names), 1.8 + 0.36 * len(labels)))
     im = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(slot_names)), slot_names, rotation=30, ha="right")
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     for i, row in enumerate(values):
         for j, v in enumerate(row):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
-    ax.set_title("Share of tokens per expert slot (all blocks)")
+    ax.set_title("Share of tokens per slot (all blocks)", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
     png = out_dir / "routing.png"
