@@ -69,7 +69,7 @@ def agent(model: str, temperature: float, adapter: str | None = None, batch: int
 
 
 def calibration_table(work: Path, base: str, caps: list[str], difficulties: list[int], groups: int,
-                      group_size: int) -> list[dict]:
+                      group_size: int, max_turns: int | None) -> list[dict]:
     from trace_envs.calibration import summarize
     from trace_train.models import model_env_kwargs
     from trace_train.rollouts import run_rollouts
@@ -78,20 +78,25 @@ def calibration_table(work: Path, base: str, caps: list[str], difficulties: list
     table = json.loads(path.read_text()) if path.exists() else []
     done = {(r["env"], r["difficulty"]) for r in table}
     policy = agent(base, 1.0, batch=groups * group_size)
+    for row in table:  # cells measured by an earlier run (possibly with another turn cap)
+        print(f"  {row['env']:45s} d={row['difficulty']}  mean {row['mean_reward']:.3f}  informative "
+              f"{row['informative']:.0%}  all-0 {row['all_zero']:.0%}  {row['s_per_episode']:.1f} s/episode  turn cap "
+              f"{row.get('max_turns')}  (cached)")
     for env in caps:
         for d in difficulties:
             if (env, d) in done:
                 continue
             s = run_rollouts(env, policy, seeds=range(5000, 5000 + groups), samples=group_size,
                              in_flight=groups * group_size, env_kwargs={**model_env_kwargs(base, env), "difficulty": d},
-                             progress=False, keep_records=True)
+                             progress=False, keep_records=True, max_steps=max_turns)
             rep = summarize(s.records, env_id=env, difficulty=d)
             table.append({"env": env, "difficulty": d, "mean_reward": rep.mean_reward, "success": rep.success_rate,
                           "informative": rep.informative, "all_zero": rep.all_zero, "all_one": rep.all_one,
-                          "s_per_episode": s.seconds / max(1, s.ran)})
+                          "s_per_episode": s.seconds / max(1, s.ran), "max_turns": max_turns})
             path.write_text(json.dumps(table, indent=1))
             print(f"  {env:45s} d={d}  mean {rep.mean_reward:.3f}  informative {rep.informative:.0%}  "
-                  f"all-0 {rep.all_zero:.0%}  {s.seconds / max(1, s.ran):.1f} s/episode", flush=True)
+                  f"all-0 {rep.all_zero:.0%}  {s.seconds / max(1, s.ran):.1f} s/episode  turn cap {max_turns}",
+                  flush=True)
     return table
 
 
@@ -102,7 +107,8 @@ def pick(table: list[dict]) -> dict:
     return sorted(table, key=lambda r: (-round(r["informative"], 6), abs(r["mean_reward"] - 0.4), r["difficulty"]))[0]
 
 
-def evaluate_pair(work: Path, base: str, adapter: str, env: str, difficulty: int, seeds: int) -> dict:
+def evaluate_pair(work: Path, base: str, adapter: str, env: str, difficulty: int, seeds: int,
+                  max_turns: int | None) -> dict:
     from trace_train.evaluate import compare
     from trace_train.models import model_env_kwargs
     from trace_train.rollouts import run_rollouts
@@ -112,7 +118,7 @@ def evaluate_pair(work: Path, base: str, adapter: str, env: str, difficulty: int
     for name, adp in (("before", None), ("after", adapter)):
         files[name] = work / f"eval_{name}.jsonl"
         run_rollouts(env, agent(base, 0.0, adapter=adp, batch=48), seeds=range(seeds), out=files[name], in_flight=48,
-                     env_kwargs=kwargs, agent_name=name)
+                     env_kwargs=kwargs, agent_name=name, max_steps=max_turns)
     return compare(files["before"], files["after"], ks=(1,), n_boot=2000)
 
 
@@ -129,6 +135,8 @@ def main() -> int:
     ap.add_argument("--groups-per-step", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-seeds", type=int, default=200)
+    ap.add_argument("--max-turns", type=int, default=None,
+                    help="cap on agent turns per episode in every phase after the base (default: the registry's)")
     args = ap.parse_args()
 
     import torch
@@ -142,7 +150,7 @@ def main() -> int:
           flush=True)
     base = make_base(work, args.bootstrap_minutes, args.mix_share, caps, args.bootstrap_seeds)
     print(f"[2/4] calibration of the base ({args.groups} groups x {args.group_size}, temperature 1.0)", flush=True)
-    table = calibration_table(work, base, caps, args.difficulties, args.groups, args.group_size)
+    table = calibration_table(work, base, caps, args.difficulties, args.groups, args.group_size, args.max_turns)
     cell = pick(table)
     print(f"[3/4] rule: {RULE} -> {cell['env']} difficulty {cell['difficulty']} "
           f"(informative {cell['informative']:.0%}, mean reward {cell['mean_reward']:.3f})", flush=True)
@@ -151,7 +159,8 @@ def main() -> int:
     cfg = TrainConfig(env_ids=[cell["env"]], env_kwargs={"difficulty": cell["difficulty"]}, model=base,
                       output_dir=str(work / "train"), max_steps=10_000, max_minutes=args.train_minutes,
                       group_size=args.group_size, groups_per_step=args.groups_per_step, learning_rate=args.lr,
-                      temperature=1.0, max_turn_tokens=160, resample_attempts=1, calibration_groups=0, save_steps=5,
+                      temperature=1.0, max_turn_tokens=160, resample_attempts=1,
+                      max_tool_calling_iterations=args.max_turns, calibration_groups=0, save_steps=5,
                       resume=True)
     result = train(cfg)
     rows = read_log(result.log_csv)
@@ -164,7 +173,8 @@ def main() -> int:
         print(f"  training reward: first {k} steps {first:.3f}, last {k} steps {last:.3f}; informative share "
               f"{sum(1 - r['frac_reward_zero_std'] for r in rows) / len(rows):.0%} on average")
     print(f"[4/4] before vs after on seeds 0..{args.eval_seeds - 1} (greedy)", flush=True)
-    cmp = evaluate_pair(work, base, str(result.adapter_dir), cell["env"], cell["difficulty"], args.eval_seeds)
+    cmp = evaluate_pair(work, base, str(result.adapter_dir), cell["env"], cell["difficulty"], args.eval_seeds,
+                        args.max_turns)
     before = cmp["base"]["overall"]["mean_reward"]
     after = cmp["candidate"]["overall"]["mean_reward"]
     delta = cmp["delta"]["mean_reward"]
