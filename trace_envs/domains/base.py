@@ -19,6 +19,7 @@ import numpy as np
 from ..core.env import Policy, TraceEnv
 from .db import Layer
 from .evaluation import evaluate_task
+from .tau2_compat import Tau2ToolSet
 from .task import TauTask
 from .user import OUT_OF_SCOPE, STOP, TRANSFER, LLMUser, ScriptedUser
 
@@ -63,6 +64,14 @@ class TauEnv(TraceEnv):
         prompt: ``"full"`` (the whole policy and tool descriptions) or ``"compact"`` (a short policy and
             short tool schemas — first sentence, no argument descriptions — for small models).
         reward_basis: override the tasks' reward components (subset of ``DB``, ``COMMUNICATE``, ``ACTION``).
+        tau2_compat: τ²-compatible mode: the reward equals τ²-bench's ``evaluate_simulation`` on the same
+            trajectory (its argument reading, what its tools accept, its communicate rule; every
+            difference and deviation is listed in :mod:`trace_envs.domains.tau2_compat`). Default: on
+            with ``tau2_data``, off for the procedural tasks, whose tools are stricter.
+
+    Official τ²-bench tasks are written for an LLM user (their user scenarios are instructions to a
+    model); the scripted user can play them for smoke tests and gold replays, but a faithful
+    evaluation of an agent on them wants ``user={"base_url": ..., "model": ...}``.
     """
 
     domain: Domain
@@ -70,7 +79,8 @@ class TauEnv(TraceEnv):
     def __init__(self, size: str | dict = "small", db_seed: int | None = None, scenarios: list[str] | None = None,
                  exclude_scenarios: list[str] | None = None, tau2_data: str | None = None,
                  task_id: str | None = None, user: str | dict = "scripted", prompt: str = "full",
-                 reward_basis: list[str] | None = None, render_mode: str | None = None):
+                 reward_basis: list[str] | None = None, tau2_compat: bool | None = None,
+                 render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         sizes = self.domain.sizes
         if isinstance(size, str):
@@ -105,8 +115,23 @@ class TauEnv(TraceEnv):
             if not (self.tau2_data / "db.json").is_file() or not (self.tau2_data / "tasks.json").is_file():
                 raise FileNotFoundError(f"tau2_data={tau2_data!r} must be a folder with db.json and tasks.json "
                                         f"(τ²-bench's data/tau2/domains/{self.domain.name}/)")
+        self.tau2_compat = self.tau2_data is not None if tau2_compat is None else bool(tau2_compat)
+        if self.tau2_compat:
+            self.max_repeated_calls = None  # τ²-bench does not end a conversation on repeated calls
         self.task: TauTask | None = None
         self.db: Layer | None = None
+
+    def _toolkit(self, layer: Layer) -> Any:
+        """The domain's tools over ``layer`` (τ²-compatible ones in τ²-compatible mode)."""
+        return self.domain.toolkit_cls(layer, tau2_compat=self.tau2_compat)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        observation, info = super().reset(seed=seed, options=options)
+        if self.tau2_compat:
+            # same tools and schemas; arguments read as τ²-bench's models read them
+            self._toolset = Tau2ToolSet(self.toolkit, max_output_chars=self.max_output_chars,
+                                        compact=self.compact_tools)
+        return observation, info
 
     # ------------------------------------------------------------------ data
     def _base_db(self) -> dict:
@@ -154,7 +179,7 @@ class TauEnv(TraceEnv):
             task.reward_basis = self.reward_basis
         self.task = task
         self.db = initial.child()
-        self.toolkit = self.domain.toolkit_cls(self.db)
+        self.toolkit = self._toolkit(self.db)
         if self.user_config == "scripted":
             self.user: Any = ScriptedUser(task)
         else:
@@ -179,7 +204,8 @@ class TauEnv(TraceEnv):
             self._end("transfer")
 
     def _evaluate(self) -> tuple[float, dict]:
-        return evaluate_task(self.task, self.db, self._messages, self.domain.toolkit_cls)  # type: ignore[arg-type]
+        return evaluate_task(self.task, self.db, self._messages, self._toolkit,  # type: ignore[arg-type]
+                             tau2_compat=self.tau2_compat)
 
     def task_spec(self) -> dict:
         return self.task.to_dict() if self.task else {}

@@ -28,8 +28,18 @@ def _normalize(text: str) -> str:
     return text.lower().replace(",", "")
 
 
-def communicated(facts: Iterable[str], messages: list[dict]) -> dict[str, bool]:
-    """For each fact, whether an assistant message to the user contains it."""
+def communicated(facts: Iterable[str], messages: list[dict], tau2_compat: bool = False) -> dict[str, bool]:
+    """For each fact, whether an assistant message to the user contains it.
+
+    By default only messages to the user count (a turn that calls a tool is not addressed to the
+    user, as the policy says), and the fact and the messages are both compared without commas.
+    ``tau2_compat``: τ²-bench's rule — any assistant message with text counts, each on its own, its
+    text lower-cased without commas, the fact only lower-cased.
+    """
+    if tau2_compat:
+        texts = [m["content"].lower().replace(",", "") for m in messages
+                 if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]]
+        return {fact: any(fact.lower() in t for t in texts) for fact in facts}
     said = " ".join(_normalize(m.get("content") or "") for m in messages
                     if m.get("role") == "assistant" and not m.get("tool_calls"))
     return {fact: _normalize(fact) in said for fact in facts}
@@ -56,7 +66,7 @@ def apply_gold(parent: Layer, toolkit_factory: Callable[[Layer], Any], task: Tau
 
 
 def evaluate_task(task: TauTask, agent_db: Layer, messages: list[dict],
-                  toolkit_factory: Callable[[Layer], Any]) -> tuple[float, dict]:
+                  toolkit_factory: Callable[[Layer], Any], tau2_compat: bool = False) -> tuple[float, dict]:
     """The reward and its breakdown for one finished episode.
 
     Args:
@@ -64,6 +74,8 @@ def evaluate_task(task: TauTask, agent_db: Layer, messages: list[dict],
         agent_db: the episode's layer (the agent's writes applied on top of the task's initial state).
         messages: the transcript.
         toolkit_factory: builds the domain's toolkit over a layer (to replay the gold writes).
+        tau2_compat: τ²-bench's rules (:mod:`trace_envs.domains.tau2_compat`): its communicate check,
+            and a failing gold action is skipped instead of zeroing the reward.
     """
     breakdown: dict[str, Any] = {}
     reward = 1.0
@@ -72,12 +84,13 @@ def evaluate_task(task: TauTask, agent_db: Layer, messages: list[dict],
         equal, agent_hash, gold_hash = same_state(agent_db, gold_db)
         breakdown["db"] = float(equal)
         breakdown["db_hash"] = {"agent": agent_hash[:16], "gold": gold_hash[:16]}
-        if gold_errors:  # a gold path that fails is a broken task, never a silent pass
+        if gold_errors:  # a gold path that fails is a broken task, never a silent pass ...
             breakdown["gold_errors"] = gold_errors
-            breakdown["db"] = 0.0
+            if not tau2_compat:  # ... except in τ²-bench, which skips the failing action and goes on
+                breakdown["db"] = 0.0
         reward *= breakdown["db"]
     if "COMMUNICATE" in task.reward_basis and task.communicate:
-        found = communicated(task.communicate, messages)
+        found = communicated(task.communicate, messages, tau2_compat)
         breakdown["communicate"] = float(all(found.values()))
         breakdown["communicate_missing"] = [f for f, ok in found.items() if not ok]
         reward *= breakdown["communicate"]

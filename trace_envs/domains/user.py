@@ -19,7 +19,18 @@ How the scripted user reads the agent (lower-cased message):
 * a question about the user's identity or records — "your user id", "your email", "your zip",
   "your name", "reservation id", "order id" — → the known fact, or "I don't know my …" (never invented);
 * any other question → the current request's details;
-* any other statement → the request is taken as handled: the next request, or ``###STOP###``.
+* any other statement → the request is taken as handled (the next request, or ``###STOP###``) only
+  if it reads as an outcome — the agent acted on the request (a successful tool call since the user
+  raised it), or the statement reports a result or a refusal ("done", "cancelled", "has been
+  updated", "I can't", "not eligible", a number...). A filler statement ("Let me look into that.",
+  "One moment.") gets "Okay." and counts as a turn without progress; after ``max_unhelpful`` of
+  those the user gives up (``###STOP###``).
+
+The scripted user is a stand-in that makes episodes deterministic and instant. τ²-bench's official
+tasks (``tau2_data=``) are written for an LLM user — their scenarios are instructions to a model,
+with facts the user reveals only when asked — so evaluating an agent on them faithfully wants
+:class:`LLMUser` (``user={"base_url": ..., "model": ...}``); the scripted user there is for gold
+replays and smoke tests.
 """
 
 from __future__ import annotations
@@ -43,6 +54,12 @@ _FACTS = [  # (fact key in known_info, phrases that ask for it)
 ]
 _FACT_LABELS = {"user_id": "user id", "email": "email", "name": "name", "zip": "zip code",
                 "reservation_id": "reservation id", "order_id": "order id"}
+# A statement that reports what happened to a request (so the user may move on), not filler.
+_OUTCOME = re.compile(r"\b(done|completed?|cancel+ed|updated|changed|modified|booked|sent|added|refunded|"
+                      r"processed|submitted|requested|transferr\w*|is now|has been|have been|was|were|"
+                      r"unable|cannot|can't|can not|could not|couldn't|not able|not eligible|ineligible|"
+                      r"not possible|not allowed|no longer|sorry|unfortunately|afraid|policy|here is|here are|"
+                      r"found|there (is|are)|your \w+ (is|are))\b|\d")
 _ASKING = re.compile(r"\?|\bplease (provide|share|tell|give)\b|\bcould you (provide|share|tell|give)\b"
                      r"|\bmay i have\b|\bwhat is\b|\bwhat's\b")
 
@@ -61,13 +78,20 @@ class ScriptedUser:
         self.unknown_asks = 0
         self.unhelpful = 0
         self.max_unhelpful = max_unhelpful
+        self._raised_at = 0  # transcript length when the current request was raised
 
     def opening(self) -> str:
         return self.task.user.opening
 
-    def _advance(self) -> str:
+    def _acted(self, messages: list[dict] | None) -> bool:
+        """Whether a tool call succeeded since the current request was raised."""
+        return any(m.get("role") == "tool" and not str(m.get("content", "")).startswith("Error:")
+                   for m in (messages or [])[self._raised_at:])
+
+    def _advance(self, messages: list[dict] | None = None) -> str:
         self.current += 1
         self.unhelpful = 0
+        self._raised_at = len(messages or [])
         if self.current < len(self.task.requests):
             return self.task.requests[self.current].text
         return f"Thank you, that's all I needed. {STOP}"
@@ -78,7 +102,7 @@ class ScriptedUser:
             self.unhelpful = 0
             return "Yes, please go ahead."
         if "anything else" in text:
-            return self._advance()
+            return self._advance(messages)
         asked = [key for key, phrases in _FACTS if any(p in text for p in phrases)]
         if asked and _ASKING.search(text):
             known = self.task.user.known_info
@@ -97,7 +121,12 @@ class ScriptedUser:
                 return f"This isn't going anywhere. {STOP}"
             request = self.task.requests[min(self.current, len(self.task.requests) - 1)]
             return request.details or request.text
-        return self._advance()
+        if self._acted(messages) or _OUTCOME.search(text):
+            return self._advance(messages)
+        self.unhelpful += 1  # filler ("Let me check that."): wait for the outcome
+        if self.unhelpful >= self.max_unhelpful:
+            return f"This isn't going anywhere. {STOP}"
+        return "Okay."
 
 
 class LLMUser:

@@ -84,15 +84,26 @@ def _root_of(db: Layer) -> dict:
     return node  # type: ignore[return-value]
 
 
+# τ²-bench's own ids for what its tools create (used in τ²-compatible mode, so that a gold action that
+# refers to a reservation or certificate made earlier in the task finds it under the same id).
+TAU2_NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
+TAU2_NEW_CERTIFICATE_NUMBERS = (3221322, 3221323, 3221324)
+
+
 class AirlineTools(GenericTools):
     """The airline agent's tools over one episode's database layer.
 
     Args:
         db: the episode's copy-on-write layer (tables ``flights``, ``users``, ``reservations``).
+        tau2_compat: accept and reject what τ²-bench's tools accept and reject, and create records under
+            its ids (see :mod:`trace_envs.domains.tau2_compat` for every difference). Off: the stricter
+            tools documented below (an empty flight list, a second cancellation, more paid bags than bags,
+            a zero certificate are errors the agent can act on).
     """
 
-    def __init__(self, db: Layer):
+    def __init__(self, db: Layer, tau2_compat: bool = False):
         self.db = db
+        self.tau2_compat = tau2_compat
         self._root = _root_of(db)
 
     def _read(self, table: str, record: dict, key: str):
@@ -292,21 +303,25 @@ class AirlineTools(GenericTools):
             insurance: whether to add travel insurance ($30 per passenger), 'yes' or 'no'.
         """
         user = self._user(user_id)
-        if not flights:
+        compat = self.tau2_compat  # τ²-bench books an empty flight list, no passengers, more paid bags than bags
+        if not flights and not compat:
             raise ToolError("a reservation needs at least one flight.")
-        if not passengers:
+        if not passengers and not compat:
             raise ToolError("a reservation needs at least one passenger.")
-        max_bags = MAX_BAGS_PER_PASSENGER * len(passengers)
+        max_bags = MAX_BAGS_PER_PASSENGER * max(1, len(passengers))
         total_baggages = check_count("total_baggages", total_baggages, max_bags)
         nonfree_baggages = check_count("nonfree_baggages", nonfree_baggages, max_bags)
-        if nonfree_baggages > total_baggages:
+        if nonfree_baggages > total_baggages and not compat:
             raise ToolError("baggage counts must satisfy 0 <= nonfree_baggages <= total_baggages.")
         for p in payment_methods:
             check_amount(f"the amount for {p['payment_id']}", p["amount"])
+            if compat and p["amount"] != int(p["amount"]):  # τ²-bench's Payment model holds whole dollars
+                raise ToolError(f"the amount for {p['payment_id']} must be a whole number of dollars, "
+                                f"got {p['amount']}.")
         segments, seen = [], set()
         for f in flights:
             key = (f["flight_number"], f["date"])
-            if key in seen:
+            if key in seen and not compat:
                 raise ToolError(f"flight {key[0]} on {key[1]} is listed twice.")
             seen.add(key)
             price = self._bookable(f["flight_number"], f["date"], cabin, len(passengers))
@@ -322,17 +337,21 @@ class AirlineTools(GenericTools):
             if p["amount"] < 0:
                 raise ToolError(f"payment amounts cannot be negative ({p['payment_id']}: {p['amount']}).")
             charges[p["payment_id"]] = charges.get(p["payment_id"], 0) + p["amount"]
-            if method["source"] in ("gift_card", "certificate") and method["amount"] < charges[p["payment_id"]]:
+            # τ²-bench checks each payment against the balance on its own; we check what they add up to
+            due = p["amount"] if compat else charges[p["payment_id"]]
+            if method["source"] in ("gift_card", "certificate") and method["amount"] < due:
                 raise ToolError(f"{p['payment_id']} has a balance of {method['amount']}, "
-                                f"less than the {charges[p['payment_id']]} to charge.")
+                                f"less than the {due} to charge.")
         paid = sum(p["amount"] for p in payment_methods)
-        if abs(paid - total) > 1e-6:
+        if (paid != total) if compat else abs(paid - total) > 1e-6:
             raise ToolError(f"the payments add up to {paid}, but the total price is {total} "
                             f"(flights {sum(s['price'] for s in segments)} x {len(passengers)} passenger(s)"
                             f"{', insurance' if insurance == 'yes' else ''}, {nonfree_baggages} paid bag(s)).")
-        reservation_id = next((r for r in _NEW_IDS if self.db.get("reservations", r) is None), None)
+        reservation_id = next((r for r in (TAU2_NEW_RESERVATION_IDS if compat else _NEW_IDS)
+                               if self.db.get("reservations", r) is None), None)
         if reservation_id is None:
-            raise ToolError("no reservation id is left; the database is full.")
+            raise ToolError("no reservation id is left; the database is full." if not compat else
+                            "too many reservations: τ²-bench allows at most 3 new ones per task.")
         # -- all checks passed: mutate
         record = {
             "reservation_id": reservation_id, "user_id": user_id, "origin": origin, "destination": destination,
@@ -345,10 +364,16 @@ class AirlineTools(GenericTools):
         for f in flights:
             self.db.edit("flights", f["flight_number"])["dates"][f["date"]]["available_seats"][cabin] -= len(passengers)
         editable = self.db.edit("users", user_id)
+        if compat:  # τ²-bench charges each payment entry as it comes (a repeated method is charged twice)
+            charges = {}
+            for p in payment_methods:
+                charges.setdefault(p["payment_id"], []).append(p["amount"])
         for pid, amount in charges.items():
-            method = editable["payment_methods"][pid]
+            method = editable["payment_methods"].get(pid)
+            if method is None:  # (τ²-compatible: a certificate listed twice is removed once)
+                continue
             if method["source"] == "gift_card":
-                method["amount"] = round(method["amount"] - amount, 2)
+                method["amount"] = round(method["amount"] - (sum(amount) if compat else amount), 2)
             elif method["source"] == "certificate":  # a certificate is used up; its remainder is not refunded
                 del editable["payment_methods"][pid]
         editable["reservations"].append(reservation_id)
@@ -363,7 +388,8 @@ class AirlineTools(GenericTools):
             reservation_id: the reservation id, such as 'ZFA04Y'.
         """
         reservation = self._reservation(reservation_id)
-        if reservation.get("status") == "cancelled":
+        # τ²-bench cancels a cancelled reservation again (refunding the refunds); we say it is done already
+        if reservation.get("status") == "cancelled" and not self.tau2_compat:
             raise ToolError(f"reservation {reservation_id} is already cancelled.")
         record = self.db.edit("reservations", reservation_id)
         record["payment_history"].extend(
@@ -384,9 +410,9 @@ class AirlineTools(GenericTools):
         """
         reservation = self._reservation(reservation_id)
         max_bags = MAX_BAGS_PER_PASSENGER * max(1, len(reservation["passengers"]))
-        total_baggages = check_count("total_baggages", total_baggages, max_bags)
-        nonfree_baggages = check_count("nonfree_baggages", nonfree_baggages, max_bags)
-        if nonfree_baggages > total_baggages:
+        check_count("total_baggages", total_baggages, max_bags)
+        check_count("nonfree_baggages", nonfree_baggages, max_bags)
+        if nonfree_baggages > total_baggages and not self.tau2_compat:
             raise ToolError("baggage counts must satisfy 0 <= nonfree_baggages <= total_baggages.")
         user = self._user(reservation["user_id"])
         method = self._payment_method(user, payment_id)
@@ -416,14 +442,15 @@ class AirlineTools(GenericTools):
             payment_id: the payment method for the difference (a credit card or gift card in the profile).
         """
         reservation = self._reservation(reservation_id)
-        if not flights:
+        compat = self.tau2_compat  # τ²-bench accepts an empty flight list (a full refund) and repeated flights
+        if not flights and not compat:
             raise ToolError("the reservation needs at least one flight.")
         pax = len(reservation["passengers"])
         kept = {(s["flight_number"], s["date"]): s for s in reservation["flights"]}
         segments, seen = [], set()
         for f in flights:
             key = (f["flight_number"], f["date"])
-            if key in seen:
+            if key in seen and not compat:
                 raise ToolError(f"flight {key[0]} on {key[1]} is listed twice.")
             seen.add(key)
             old = kept.get(key)
@@ -473,7 +500,17 @@ class AirlineTools(GenericTools):
             amount: the certificate's value, in dollars.
         """
         user = self._user(user_id)
-        amount = check_amount("the certificate amount", amount, allow_zero=False)
+        amount = check_amount("the certificate amount", amount, allow_zero=self.tau2_compat)
+        if self.tau2_compat:
+            # τ²-bench: its typed model stores the amount as a float (50 and 50.0 are the same certificate),
+            # under the first free id of three
+            pid = next((f"certificate_{n}" for n in TAU2_NEW_CERTIFICATE_NUMBERS
+                        if f"certificate_{n}" not in user["payment_methods"]), None)
+            if pid is None:
+                raise ToolError("too many certificates: τ²-bench allows at most 3 new ones per task.")
+            self.db.edit("users", user_id)["payment_methods"][pid] = {"id": pid, "amount": float(amount),
+                                                                       "source": "certificate"}
+            return f"Certificate {pid} added to user {user_id} with amount {amount}."
         number = _CERTIFICATE_BASE
         while f"certificate_{number}" in user["payment_methods"]:
             number += 1

@@ -31,10 +31,14 @@ class RetailTools(GenericTools):
 
     Args:
         db: the episode's copy-on-write layer (tables ``products``, ``users``, ``orders``).
+        tau2_compat: accept what τ²-bench's tools accept (an empty item list in a return, exchange or
+            item change) and price an item change as τ²-bench does (see
+            :mod:`trace_envs.domains.tau2_compat`). Off: the stricter tools documented below.
     """
 
-    def __init__(self, db: Layer):
+    def __init__(self, db: Layer, tau2_compat: bool = False):
         self.db = db
+        self.tau2_compat = tau2_compat
 
     # ------------------------------------------------------------------ lookups
     def _order(self, order_id: str) -> dict:
@@ -88,7 +92,7 @@ class RetailTools(GenericTools):
                 raise ToolError(f"item {item_id!r} is not in order {order['order_id']} "
                                 f"{'that many times' if item_id in have else ''}".rstrip()
                                 + f". The order's item ids are: {listed}.")
-        if not item_ids:
+        if not item_ids and not self.tau2_compat:  # τ²-bench files a return or exchange of nothing
             raise ToolError("item_ids is empty: name at least one item of the order.")
 
     def _price_difference(self, order: dict, item_ids: list[str], new_item_ids: list[str],
@@ -113,6 +117,8 @@ class RetailTools(GenericTools):
                 raise ToolError(f"item {new_item_id} ({item['name']}) is not available.")
             diff += variant["price"] - item["price"]
             variants.append(variant)
+        if self.tau2_compat and verb == "modified":  # τ²-bench does not round this difference
+            return diff, variants
         return _money(diff), variants
 
     # ------------------------------------------------------------------ generic
@@ -283,7 +289,14 @@ class RetailTools(GenericTools):
                                          "amount": abs(diff), "payment_method_id": payment_method_id})
         replaced: set[int] = set()
         for item_id, variant in zip(item_ids, variants):
-            index = next(i for i, it in enumerate(order["items"]) if it["item_id"] == item_id and i not in replaced)
+            if self.tau2_compat:
+                # τ²-bench's pricing bug, reproduced so that rewards match its own: every changed item gets
+                # the new id it asked for but the price and options of the *last* new variant in the call.
+                index = next(i for i, it in enumerate(order["items"]) if it["item_id"] == item_id)
+                variant = dict(variant, price=variants[-1]["price"], options=variants[-1]["options"])
+            else:
+                index = next(i for i, it in enumerate(order["items"])
+                             if it["item_id"] == item_id and i not in replaced)
             replaced.add(index)
             item = order["items"][index]
             item["item_id"] = variant["item_id"]
