@@ -48,7 +48,7 @@ GROUPS = (("import", ("import",)), ("schemas", ("tool schemas", "no tool")), ("c
 def admit_one(capability: str, domain: str, work: Path, cfg: AdmissionConfig) -> tuple[float, dict, object]:
     spec = {"name": capability, "definition": f"the {capability} capability", "target_env": f"trace/tau_{domain}-v0",
             "statistics": {}, "example_failures": []}
-    env_id = f"gen/{capability}-v0"
+    env_id = f"gen/{capability}_tau_{domain}-v0"
     source = render(spec, env_id=env_id, run_id="bench").source
     t0 = time.perf_counter()
     report = admit(source, env_id=env_id, capability=capability, target_env=spec["target_env"],

@@ -33,7 +33,7 @@ class GenerationResult:
     Attributes:
         capability: the spec's capability.
         admitted: whether an attempt was admitted and registered.
-        env_id: the registered id (``gen/<capability>-vN``), None if nothing was admitted.
+        env_id: the registered id (``gen/<capability>_<target>-vN``), None if nothing was admitted.
         module: the module in the workspace (None if nothing was admitted).
         report_json, report_md: the last attempt's admission report (beside the module when admitted,
             else in the run directory).
@@ -139,7 +139,7 @@ def generate(spec, workspace, run_dir=None, llm_url: str | None = None, model: s
             bar.update(1)
     if bar is not None:
         bar.close()
-    (run_dir / "results.json").write_text(json.dumps([{k: (str(v) if isinstance(v, Path) else v)
+    (run_dir / "generation.json").write_text(json.dumps([{k: (str(v) if isinstance(v, Path) else v)
                                                        for k, v in r.__dict__.items()} for r in results],
                                                      indent=2) + "\n", encoding="utf-8")
     if any(r.admitted for r in results):
@@ -160,8 +160,9 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
     folder.mkdir(parents=True, exist_ok=True)
     target_env = spec["target_env"]
     taken = _taken_ids(ws)
-    version = ws.next_version(capability, taken)
-    env_id = ws.env_id(capability, version)
+    name = ws.env_name(capability, _target_name(target_env))
+    version = ws.next_version(name, taken)
+    env_id = ws.env_id(name, version)
     result: GenerationResult | None = None
     history: list[tuple[str, AdmissionReport]] = []
     from .offline import VARIANTS
@@ -194,7 +195,8 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
                 result = _failed(capability, attempt_dir, env_id, target_env, str(exc), n, folder)
                 continue
         result, report = _admit_attempt(source, capability=capability, target_env=target_env, ws=ws,
-                                        attempt_dir=attempt_dir, env_id=env_id, version=version, taken=taken,
+                                        attempt_dir=attempt_dir, env_id=env_id, name=name, version=version,
+                                        taken=taken,
                                         spec_schemas=spec.get("tool_schemas"), run_id=run_id, cfg=cfg)
         result.attempts, result.run_dir = n, folder
         history.append((source, report))
@@ -209,23 +211,25 @@ def admit_module(source: str, *, capability: str, target_env: str, workspace, ru
                  run_id: str | None = None) -> GenerationResult:
     """Admit one module (written by hand, by an LLM or a template) and register it if it passes.
 
-    The module's ``REGISTRATION["id"]`` must be the workspace's next id for ``capability``
-    (``gen/<capability>-vN``; :meth:`Workspace.next_version`). The attempt (module and report) is kept in
+    The module's ``REGISTRATION["id"]`` must be the workspace's next id for ``capability`` on ``target_env``
+    (``gen/<capability>_<target>-vN``, e.g. ``gen/precondition_verification_tau_airline-v0``;
+    :meth:`Workspace.next_version`). The attempt (module and report) is kept in
     ``run_dir`` (default: beside the workspace); only an admitted module goes to the workspace.
     """
     ws = Workspace(workspace).init()
     run_id = run_id or new_run_id()
     attempt_dir = Path(run_dir) if run_dir is not None else ws.root.parent / "generate-runs" / run_id / capability
     taken = _taken_ids(ws)
-    version = ws.next_version(capability, taken)
+    name = ws.env_name(capability, _target_name(target_env))
+    version = ws.next_version(name, taken)
     result, _ = _admit_attempt(source, capability=capability, target_env=target_env, ws=ws, attempt_dir=attempt_dir,
-                               env_id=ws.env_id(capability, version), version=version, taken=taken,
+                               env_id=ws.env_id(name, version), name=name, version=version, taken=taken,
                                spec_schemas=spec_schemas, run_id=run_id, cfg=config or AdmissionConfig())
     return result
 
 
 def _admit_attempt(source: str, *, capability: str, target_env: str, ws: Workspace, attempt_dir: Path, env_id: str,
-                   version: int, taken: set[str], spec_schemas, run_id: str,
+                   name: str, version: int, taken: set[str], spec_schemas, run_id: str,
                    cfg: AdmissionConfig) -> tuple[GenerationResult, AdmissionReport]:
     attempt_dir.mkdir(parents=True, exist_ok=True)
     (attempt_dir / "module.py").write_text(source, encoding="utf-8")
@@ -236,8 +240,9 @@ def _admit_attempt(source: str, *, capability: str, target_env: str, ws: Workspa
         return GenerationResult(capability, False, None, None, report_json, report_md, 1, report.reason,
                                 attempt_dir), report
     try:
-        module, rj, rm = ws.install(source, report.registration, capability=capability, version=version,
-                                    target=_target_name(target_env), origin=f"generated:{run_id}", report=report)
+        module, rj, rm = ws.install(source, report.registration, capability=capability, name=name,
+                                    version=version, target=_target_name(target_env), origin=f"generated:{run_id}",
+                                    report=report)
     except (WorkspaceError, FileExistsError) as exc:
         return GenerationResult(capability, False, None, None, report_json, report_md, 1, f"registry: {exc}",
                                 attempt_dir), report

@@ -87,7 +87,8 @@ class WriteAllAgent:
             return "All done, everything you asked for has been taken care of."
         name = self.writes[self.i]
         self.i += 1
-        text = " ".join(str(m.get("content") or "") for m in info.get("messages", []) if m.get("role") in ("user", "tool"))
+        text = " ".join(str(m.get("content") or "") for m in info.get("messages", [])
+                        if m.get("role") in ("user", "tool"))  # not the policy: its example ids are no one's
         ids = _ID_PATTERN.findall(text)
         params = self.schemas.get(name, {})
         args = {k: _guess(v, ids) for k, v in (params.get("properties") or {}).items()

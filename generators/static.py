@@ -11,7 +11,7 @@ here still cannot reach the user's machine.
 
 A generated module also carries its registration as a literal dict::
 
-    REGISTRATION = {"id": "gen/precondition_verification-v0", "class": "GeneratedEnv",
+    REGISTRATION = {"id": "gen/precondition_verification_tau_airline-v0", "class": "GeneratedEnv",
                     "max_episode_steps": 30, "kwargs": {"domain": "airline"},
                     "description": "one line", "answer_tools": []}
 
@@ -212,7 +212,8 @@ def read_registration(tree: ast.Module) -> tuple[dict | None, list[StaticFinding
                                                           "module does not define at top level"))
     for name in value.get("answer_tools") or []:
         if not (isinstance(name, str) and name.startswith("submit_")):
-            problems.append(StaticFinding(check, node.lineno, f"answer tool {name!r}: answer tools are called submit_*"))
+            problems.append(StaticFinding(check, node.lineno,
+                                          f"answer tool {name!r}: answer tools are called submit_*"))
     return (None if problems else value), problems
 
 

@@ -3,8 +3,12 @@
 Layout::
 
     <workspace>/registry.yaml                         one entry per admitted env
-    <workspace>/envs/<capability>_v<N>.py             the module
-    <workspace>/envs/<capability>_v<N>.admission.json / .md   its admission report
+    <workspace>/envs/<name>_v<N>.py                   the module
+    <workspace>/envs/<name>_v<N>.admission.json / .md  its admission report
+
+where ``<name>`` is ``<capability>_<target>`` (e.g. ``precondition_verification_tau_airline``) and the
+env's id is ``gen/<name>-v<N>``: one name per (capability, target), and N counts its regenerations
+(Gymnasium's own reading of ``-vN``: a higher version supersedes a lower one).
 
 ``registry.yaml`` is only ever appended to, under an exclusive lock (``registry.yaml.lock``), by
 writing the whole new file to a temporary file and renaming it over the old one, so a reader sees
@@ -21,7 +25,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-#: Namespace of generated env ids (``gen/<capability>-v<N>``).
+#: Namespace of generated env ids (``gen/<name>-v<N>``).
 NAMESPACE = "gen"
 
 
@@ -62,22 +66,27 @@ class Workspace:
             return []
         return re.findall(r"^- id: *['\"]?([^'\"\s]+)", self.registry.read_text(encoding="utf-8"), re.M)
 
-    def next_version(self, capability: str, taken: set[str] = frozenset()) -> int:
-        """The first N such that neither ``gen/<capability>-vN`` nor ``envs/<capability>_vN.py`` exists."""
+    @staticmethod
+    def env_name(capability: str, target: str) -> str:
+        """``<capability>_<target>``: the name part of the ids of one capability's envs for one target."""
+        return re.sub(r"[^a-z0-9_]+", "_", f"{capability}_{target}".lower()).strip("_")
+
+    def next_version(self, name: str, taken: set[str] = frozenset()) -> int:
+        """The first N such that neither ``gen/<name>-vN`` nor ``envs/<name>_vN.py`` exists."""
         used = set(self.ids()) | set(taken)
         n = 0
-        while f"{NAMESPACE}/{capability}-v{n}" in used or (self.envs / f"{capability}_v{n}.py").exists():
+        while f"{NAMESPACE}/{name}-v{n}" in used or (self.envs / f"{name}_v{n}.py").exists():
             n += 1
         return n
 
     @staticmethod
-    def env_id(capability: str, version: int) -> str:
-        return f"{NAMESPACE}/{capability}-v{version}"
+    def env_id(name: str, version: int) -> str:
+        return f"{NAMESPACE}/{name}-v{version}"
 
-    def module_path(self, capability: str, version: int) -> Path:
-        return self.envs / f"{capability}_v{version}.py"
+    def module_path(self, name: str, version: int) -> Path:
+        return self.envs / f"{name}_v{version}.py"
 
-    def install(self, source: str, registration: dict, *, capability: str, version: int, target: str,
+    def install(self, source: str, registration: dict, *, capability: str, name: str, version: int, target: str,
                 origin: str, report=None) -> tuple[Path, Path | None, Path | None]:
         """Write the module and its report, then append its entry to ``registry.yaml`` (locked, atomic).
 
@@ -85,7 +94,7 @@ class Workspace:
         """
         self.init()
         env_id = registration["id"]
-        module = self.module_path(capability, version)
+        module = self.module_path(name, version)
         with self.lock():
             if env_id in self.ids():
                 raise WorkspaceError(f"{env_id} is already in {self.registry} (ids are never overwritten); "

@@ -209,3 +209,22 @@ def transformers_server(model_dir):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ----------------------------------------------------------------------------- registry isolation
+
+
+@pytest.fixture
+def restore_registry():
+    """Undo, after the test, whatever ids it registered in this process (e.g. a generated workspace's), so later
+    tests see the same registry as at collection time."""
+    import gymnasium as gym
+
+    from trace_envs.core import registry
+
+    entries, specs = dict(registry._ENTRIES), set(gym.registry)
+    yield
+    for env_id in set(registry._ENTRIES) - set(entries):
+        del registry._ENTRIES[env_id]
+    for env_id in set(gym.registry) - specs:
+        del gym.registry[env_id]

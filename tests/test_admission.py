@@ -21,6 +21,8 @@ from generators.pipeline import admit_module
 from generators.static import static_check
 from generators.workspace import Workspace
 
+pytestmark = pytest.mark.usefixtures("restore_registry")  # generated ids stay out of later tests
+
 CORPUS = Path(__file__).resolve().parent / "bad_modules"
 BAD = sorted(p for p in CORPUS.glob("*.py"))
 LEAK = Path("/tmp/trace_bad_module_wrote_this")
@@ -98,8 +100,9 @@ def test_static_checks_name_the_line_and_construct():
 
 GOOD = '''from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
 
-REGISTRATION = {"id": "gen/precondition_verification-v0", "class": "GoodEnv", "max_episode_steps": 30,
-                "kwargs": {"domain": "airline"}, "description": "the built-in precondition env, unchanged"}
+REGISTRATION = {"id": "gen/precondition_verification_tau_airline-v0", "class": "GoodEnv",
+                "max_episode_steps": 30, "kwargs": {"domain": "airline"},
+                "description": "the built-in precondition env, unchanged"}
 
 
 class GoodEnv(PreconditionVerificationEnv):
@@ -117,4 +120,4 @@ def test_without_bubblewrap_admission_falls_back_to_a_plain_subprocess_and_says_
     report = json.loads(result.report_json.read_text())
     assert report["sandbox"].startswith("plain subprocess") and "network NOT isolated" in report["warnings"][0]
     assert "warning: bubblewrap" in result.report_md.read_text()
-    assert Workspace(tmp_path / "ws").ids() == ["gen/precondition_verification-v0"]
+    assert Workspace(tmp_path / "ws").ids() == ["gen/precondition_verification_tau_airline-v0"]

@@ -28,6 +28,8 @@ from trace_envs.core.registry import read_registry
 from trace_envs.domains.agents import TauScriptedAgent
 from trace_train.analysis import Thresholds, diagnose
 
+pytestmark = pytest.mark.usefixtures("restore_registry")  # generated ids stay out of later tests
+
 TAU_CAPABILITIES = ("precondition_verification", "multi_step_completion", "structured_data_reasoning",
                     "tool_calling_precision")
 PLANTED = (("precondition_verification",), ("multi_step_completion", "structured_data_reasoning",
@@ -73,18 +75,21 @@ def test_offline_generator_admits_and_registers_every_tau_capability(tau_diagnos
         assert r.report_json.parent == r.module.parent and json.loads(r.report_json.read_text())["admitted"]
         assert "ADMITTED" in r.report_md.read_text()
     ids = sorted(r.env_id for r in results)
-    # one id per (capability, target): the second domain gets the next -vN
-    assert ids == sorted(f"gen/{c}-v{n}" for c in TAU_CAPABILITIES for n in (0, 1))
+    # one name per (capability, target), version 0 in a fresh workspace
+    assert ids == sorted(f"gen/{c}_tau_{d}-v0" for c in TAU_CAPABILITIES for d in ("airline", "retail"))
+    env = gym.make(ids[0])  # generate() loaded the workspace into this process
+    env.reset(seed=0)
+    env.close()
     entries = read_registry(ws)
     assert sorted(e.id for e in entries) == ids
     assert {e.origin for e in entries} == {"generated:test-run"}
     assert {(e.capability, e.target, e.kwargs["domain"]) for e in entries} == \
         {(c, f"tau_{d}", d) for c in TAU_CAPABILITIES for d in ("airline", "retail")}
     # every attempt is in the run directory, never in the workspace
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted([*TAU_CAPABILITIES, "results.json"])
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted([*TAU_CAPABILITIES, "generation.json"])
     assert not list(ws.glob("**/attempt_*"))
     # the generated modules are what the evidence asked for: focus families of the failed trajectories
-    module = (ws / "envs" / "precondition_verification_v0.py").read_text()
+    module = (ws / "envs" / "precondition_verification_tau_airline_v0.py").read_text()
     assert "FOCUS_FAMILIES = ('" in module and "REGISTRATION" in module
 
     # the conformance suite on each id, in a fresh process that knows the workspace only by TRACE_REGISTRY
@@ -101,7 +106,7 @@ def test_offline_generator_admits_and_registers_every_tau_capability(tau_diagnos
     before = (ws / "registry.yaml").read_text()
     again = generate(tau_diagnoses[0] / "specs" / "precondition_verification.json", ws, run_dir=tmp_path / "run2",
                      progress=False, config=TEST_CONFIG)
-    assert again[0].admitted and again[0].env_id == "gen/precondition_verification-v2"
+    assert again[0].admitted and again[0].env_id == "gen/precondition_verification_tau_airline-v1"
     assert (ws / "registry.yaml").read_text().startswith(before)
 
 
@@ -114,7 +119,8 @@ def test_cli_generate_then_envs_list_shows_the_workspace(tau_diagnoses, tmp_path
     out = capsys.readouterr().out
     # v0 in a fresh process; later if this process already loaded other workspaces' gen/ ids
     [env_id] = Workspace(ws).ids()
-    assert "admitted 1 of 1" in out and env_id in out and env_id.startswith("gen/precondition_verification-v")
+    assert "admitted 1 of 1" in out and env_id in out
+    assert env_id.startswith("gen/precondition_verification_tau_airline-v")
     assert main(["envs", "list", "--registry", str(ws)]) == 0
     listing = capsys.readouterr().out
     assert env_id in listing and "generated:" in listing
@@ -139,7 +145,7 @@ def _install(args) -> str:
     root, n = args
     ws = Workspace(root)
     registration = {"id": f"gen/race-v{n}", "class": "E", "max_episode_steps": 5, "description": f"entry {n}"}
-    ws.install("class E: pass\n", registration, capability="race", version=n, target="tau_airline",
+    ws.install("class E: pass\n", registration, capability="race", name="race", version=n, target="tau_airline",
                origin="generated:race")
     return registration["id"]
 

@@ -30,6 +30,8 @@ from trace_envs import rollout
 from trace_envs.domains.agents import TauScriptedAgent
 from trace_train.analysis import Thresholds, diagnose
 
+pytestmark = pytest.mark.usefixtures("restore_registry")  # generated ids stay out of later tests
+
 LIGHT = AdmissionConfig(n_seeds=4, digest_seeds=3, probe_seeds=6, calibration_groups=6)
 
 WRONG = '''Here is the environment.
@@ -138,7 +140,8 @@ def test_replayed_wrong_then_right_module_is_retried_with_the_report_and_admitte
     assert not first["admitted"] and first["reason"].startswith("conformance: oracle scores 1.0")
     # the first prompt has what the model needs; the second carries the first reply and its report
     task = server.requests[0]["messages"][1]["content"]
-    for needle in ("precondition_verification", "cancel_reservation", "REGISTRATION", "class PreconditionVerificationEnv",
+    for needle in ("precondition_verification", "cancel_reservation", "REGISTRATION",
+                   "class PreconditionVerificationEnv",
                    "oracle", "## Evidence: failed trajectories", "## Evidence: successful trajectories"):
         assert needle in task, needle
     second = server.requests[1]["messages"]

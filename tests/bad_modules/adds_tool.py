@@ -5,8 +5,9 @@ from trace_envs.domains.airline.tools import AirlineTools
 
 from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
 
-REGISTRATION = {"id": "gen/precondition_verification-v0", "class": "BadEnv", "max_episode_steps": 30,
-                "kwargs": {"domain": "airline"}, "description": "a module of the bad-module corpus"}
+REGISTRATION = {"id": "gen/precondition_verification_tau_airline-v0", "class": "BadEnv",
+                "max_episode_steps": 30, "kwargs": {"domain": "airline"},
+                "description": "a module of the bad-module corpus"}
 
 
 class HelpfulTools(AirlineTools):
