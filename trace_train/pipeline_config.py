@@ -480,12 +480,14 @@ def embedded_default(**overrides: Any) -> RunConfig:
                        "trace/structured_data_reasoning-v0", "trace/tool_calling_precision-v0"]
     data = {
         "out": "runs/trace",
-        "base": {"kind": "tiny", "preset": "tiny", "max_new_tokens": 160, "bootstrap": {
+        "base": {"kind": "tiny", "preset": "tiny", "max_new_tokens": 96, "bootstrap": {
             "target": "trace/tau_airline-v0", "train_seeds": 3000, "pretrain_frac": 0.3, "steps": 1_000_000,
             "max_seconds": 480.0, "env_kwargs": target_kwargs,
             # The capability families at a low share: the base is sometimes right on them, not reliably.
             "mixture": {env: 0.05 for env in capability_envs}, "mixture_env_kwargs": {"difficulty": 1}}},
-        "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "env_kwargs": target_kwargs},
+        # One request per conversation takes the oracle under 10 turns: 16 caps what a lost base spends.
+        "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040",
+                    "env_kwargs": {**target_kwargs, "max_episode_steps": 16}},
         "diagnose": {"max_capabilities": 2},
         "train": {"max_steps": 1000, "max_minutes": 2.0, "sft_steps": 40,
                   "options": {"group_size": 4, "groups_per_step": 2, "learning_rate": 1.0e-3, "temperature": 1.0,

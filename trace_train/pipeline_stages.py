@@ -128,7 +128,10 @@ def run_base(ctx) -> tuple[list[str], dict]:
         info["train_model_path"] = str(built.path)
         outputs.append(str(built.path))
     ctx.path("base").mkdir(parents=True, exist_ok=True)
-    (ctx.path("base", "base.json")).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    # base.json is what later stages read; whether the warm-up came from the cache is not part of it (a
+    # re-run of this stage that finds its own model cached must leave the later stages up to date).
+    (ctx.path("base", "base.json")).write_text(json.dumps({k: v for k, v in info.items() if k != "cached"},
+                                                          indent=2, default=str) + "\n")
     return outputs, info
 
 
@@ -451,8 +454,10 @@ def run_train(ctx) -> tuple[list[str], dict]:
 def estimate_train(ctx) -> tuple[float | None, str]:
     t = ctx.cfg.train
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
+    from trace_train.models import PRESETS
+
     model = t.model or (ctx.summary("base").get("model_path") if ctx.cfg.base.kind != "tiny" else "tiny")
-    if model != "tiny" and not (model and Path(model, "trace_model.json").exists()):
+    if model not in PRESETS and not (model and Path(model, "trace_model.json").exists()):
         return None, f"{k} adapters × {t.max_steps} GRPO steps (time depends on the model and the GPUs)"
     runs = k + k * t.multi_baseline * (k > 1)  # the multi baseline gets the budget of all k adapters
     sft = t.sft_baseline * (t.sft_steps * SECONDS_PER_SFT_STEP_TINY + 30.0)
