@@ -12,6 +12,7 @@ the source, then the conformance suite, determinism across processes, schema ide
 target, reward-hacking probes and calibration in a sandboxed process. Admitted modules go to
 ``WORKSPACE/envs/`` with their admission report beside them, and are appended to
 ``WORKSPACE/registry.yaml``; every attempt (prompt, reply, module, report) stays in ``--run-dir``.
+Exit status 0 when at least one spec was admitted, 1 when none was, 2 on bad input.
 """
 
 from __future__ import annotations
