@@ -93,7 +93,7 @@ def tau2_version(python: str | os.PathLike) -> str:
 
 
 def tau2_rewards(domain: str, cases: Iterable[dict], python: str | os.PathLike | None = None,
-                 timeout: float = 600.0, workers: int | None = None) -> list[dict]:
+                 timeout: float | None = None, workers: int | None = None) -> list[dict]:
     """τ²-bench's ``evaluate_simulation`` (evaluation type ``all``) of each trajectory, in its own venv.
 
     Args:
@@ -101,7 +101,7 @@ def tau2_rewards(domain: str, cases: Iterable[dict], python: str | os.PathLike |
         cases: dicts with ``task_id`` (a τ²-bench task id), ``messages`` (the trajectory in OpenAI format,
             as in our records) and ``termination`` (our termination reason; see :data:`TERMINATIONS`).
         python: the venv's interpreter (default: :func:`tau2_venv`).
-        timeout: seconds for the whole batch.
+        timeout: seconds for the whole batch (default: 60 plus 20 per case).
         workers: processes scoring cases in parallel (default: one per CPU core).
 
     Returns:
@@ -110,6 +110,7 @@ def tau2_rewards(domain: str, cases: Iterable[dict], python: str | os.PathLike |
     """
     cases = [dict(c, termination=TERMINATIONS.get(str(c.get("termination")), "max_steps")) for c in cases]
     python = python or tau2_venv()
+    timeout = 60.0 + 20.0 * len(cases) if timeout is None else timeout
     job = json.dumps({"domain": domain, "cases": cases, "workers": workers})
     # LiteLLM (imported by τ²-bench) would fetch a model price list from the network, retrying for seconds
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
