@@ -48,10 +48,13 @@ class TauAirlineEnv(TauEnv):
         seed), ``scenarios`` / ``exclude_scenarios`` (families: cancel, flight_change, cabin_change,
         baggage, booking, passenger_update, compensation, flight_status, info), ``tau2_data`` (folder with
         τ²-bench's airline ``db.json`` and ``tasks.json``) and ``task_id``, ``user`` ("scripted" or an LLM
-        endpoint dict), ``prompt`` ("full" or "compact" policy), ``reward_basis``.
+        endpoint dict), ``prompt`` ("full" or "compact" policy), ``reward_basis``, ``tau2_compat``
+        (τ²-bench's own reward on its official tasks; on by default with ``tau2_data``, see
+        ``trace_envs/domains/tau2_compat.py``). Official tasks are written for an LLM user.
 
     Version History:
-        v0: initial version.
+        v0: initial version. τ²-compatible mode on official tasks; the scripted user waits on filler
+        statements instead of taking them as "handled"; bags and amounts bounded by the domain.
     """
 
     domain = AirlineDomain()

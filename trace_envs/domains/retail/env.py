@@ -81,10 +81,13 @@ class TauRetailEnv(TauEnv):
     fixed DB for all episodes), ``scenarios`` / ``exclude_scenarios`` (difficulty and coverage knobs),
     ``tau2_data`` (a folder with τ²-bench's retail ``db.json`` and ``tasks.json``: run its official
     tasks), ``task_id``, ``user`` (``"scripted"`` or an OpenAI-compatible endpoint),
-    ``prompt`` (``"full"`` or ``"compact"`` policy), ``reward_basis``.
+    ``prompt`` (``"full"`` or ``"compact"`` policy), ``reward_basis``, ``tau2_compat`` (τ²-bench's own
+    reward on its official tasks; on by default with ``tau2_data``, see
+    ``trace_envs/domains/tau2_compat.py``). Official tasks are written for an LLM user.
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version. τ²-compatible mode on official tasks; the scripted user waits on filler
+      statements instead of taking them as "handled".
     """
 
     domain = RetailDomain()
