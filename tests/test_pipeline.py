@@ -149,21 +149,39 @@ def test_an_interrupted_rollout_stage_resumes_inside(tmp_path, capsys):
     assert sorted(json.loads(x)["seed"] for x in again) == list(range(1000, 1030))
 
 
-def test_a_stage_whose_part_is_missing_is_reported_unavailable(tmp_path, monkeypatch):
-    """A stage whose API is absent from the installation is marked so in the plan and the report."""
+def test_stages_whose_part_is_missing_are_marked_in_the_plan_and_the_report(tmp_path, monkeypatch):
+    """Without the generator and the trainer, the run still goes to the end: those stages are recorded as
+    unavailable (never faked), and every results row they would have fed is kept and marked so."""
     from trace_train import pipeline
+    from trace_train.report import build_document
 
     original = pipeline._stage_list
+    missing = "not available in this build: a part of TRACE is not installed (test)"
 
-    def without_compose():
+    def without_generate_and_train():
         stages = original()
         for s in stages:
-            if s.name == "compose":
-                s.requires = lambda: "not available in this build: trace_train.compose is not installed"
+            if s.name in ("generate", "train"):
+                s.requires = lambda: missing
         return stages
 
-    monkeypatch.setattr(pipeline, "_stage_list", without_compose)
-    cfg = config_from_dict({"out": str(tmp_path / "run"), "base": SCRIPTED, "rollout": {"seeds": "1000:1010"},
-                            "train": {"model": "/nonexistent"}})
-    rows = {r.stage: r for r in pipeline.Pipeline(cfg).plan()}
-    assert rows["compose"].action == "unavailable" and "not available in this build" in rows["compose"].note
+    monkeypatch.setattr(pipeline, "_stage_list", without_generate_and_train)
+    cfg = config_from_dict({"out": str(tmp_path / "run"), "base": SCRIPTED, "rollout": {"seeds": "1000:1030"},
+                            "train": {"model": "/nonexistent"}, "evaluate": {"seeds": "0:5"}})
+    p = pipeline.Pipeline(cfg, progress=False)
+    rows = {r.stage: r for r in p.plan()}
+    assert rows["train"].action == "unavailable" and rows["train"].note == missing
+    result = p.run()
+    assert result.stages["generate"]["status"] == result.stages["train"]["status"] == "unavailable"
+    assert result.stages["evaluate"]["status"] == "done"
+    doc = build_document(tmp_path / "run")
+    stages = next(t for t in doc.tables if t.headers[0] == "stage")
+    assert ["train", "unavailable", "–", missing] in stages.rows
+    table = next(t for t in doc.tables if t.headers[0] == "method")
+    by_method = {r[0]: r for r in table.rows}
+    assert by_method["base"][1] != "not in this run"
+    for label in ("SFT on synthetic data", "single-capability adapters", "multi-capability GRPO (one adapter)",
+                  "merge (linear)", "merge (ties)", "per-episode routing", "TRACE MoE (token-level top-1)"):
+        assert by_method[label][1] == "not in this run", label
+        assert "the train stage is not available in this build" in by_method[label][-1], by_method[label]
+    assert "not available in this build" in (tmp_path / "run" / "report.md").read_text()

@@ -553,6 +553,14 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
             return f"not in this run: the {stage} stage did not finish ({status})"
         return f"not in this run: the {stage} stage produced none"
 
+    def compose_missing(detail: str) -> str:
+        """Why a row built by the compose stage is absent: that stage, or the training before it, or ``detail``."""
+        if not ctx.done("compose"):
+            return why_missing("compose")
+        if not adapters:
+            return why_missing("train") if not ctx.done("train") else "not in this run: no adapter was trained"
+        return detail
+
     rows: list[tuple[str, str, Any, int, str]] = []
     wanted = set(e.methods)
     if "base" in wanted:
@@ -576,21 +584,21 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     for method in ("linear", "ties"):
         if f"merge_{method}" in wanted:
             m = methods.get(method)
-            note = "" if m else (why_missing("compose") if not comp else f"not in this run: the {method} merge was "
-                                 "not built (see the compose log)" if method in ctx.cfg.compose.merges else
-                                 "not in this run: not in compose.merges")
+            note = "" if m else compose_missing(
+                f"not in this run: the {method} merge was not built (see the compose log)"
+                if method in ctx.cfg.compose.merges else "not in this run: not in compose.merges")
             rows.append((f"merge_{method}", f"merge ({method})", hf(m["model"], m["adapter"]) if m else None,
                          total_adapter_rollouts, note))
     if "per_episode" in wanted:
         p = methods.get("per_episode")
-        note = "" if p else (why_missing("compose") if not comp else "not in this run: needs ≥ 2 adapters and "
-                             "compose.per_episode")
+        note = "" if p else compose_missing("not in this run: needs ≥ 2 adapters and compose.per_episode")
         rows.append(("per_episode", "per-episode routing", hf(p["model"], p["adapter"]) if p else None,
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
     if "trace_moe" in wanted:
         moe = methods.get("composed")
         rows.append(("trace_moe", "TRACE MoE (token-level top-1)", hf(moe["model"], moe["adapter"]) if moe else None,
-                     total_adapter_rollouts + int(comp.get("router_episodes", 0)), "" if moe else why_missing("compose")))
+                     total_adapter_rollouts + int(comp.get("router_episodes", 0)),
+                     "" if moe else compose_missing("not in this run: the compose stage produced none")))
     return rows
 
 
