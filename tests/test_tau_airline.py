@@ -256,3 +256,37 @@ def test_tau2_official_tasks_gold_replay_and_empty_trajectory():
         assert len(empty_zero) == len(writes)
     finally:
         e.close()
+
+
+# ---------------------------------------------------------------- the scripted user's stop rule
+class _FillerOracle:
+    """The oracle, with a harmless filler statement before each of its messages to the user."""
+
+    def reset(self, env, observation, info):
+        from trace_envs.domains.agents import plan_turns
+
+        turns = []
+        for turn in plan_turns(env.unwrapped.task):
+            if not turn.startswith("<tool_call>"):
+                turns.append("Let me look into that for you.")
+            turns.append(turn)
+        self.turns, self.i = turns, 0
+
+    def __call__(self, observation, info):
+        self.i += 1
+        return self.turns[self.i - 1] if self.i <= len(self.turns) else "Goodbye."
+
+
+@pytest.mark.parametrize("env_id", [ENV_ID, "trace/tau_retail-v0"])
+def test_a_filler_statement_does_not_end_the_request(env_id):
+    """'Let me look into that.' is not an answer: the user waits, and the oracle still scores 1.0."""
+    e = gym.make(env_id)
+    try:
+        runs = [rollout(e, _FillerOracle(), s) for s in range(60)]
+        assert all(r["reward"] == 1.0 for r in runs), [r["seed"] for r in runs if r["reward"] != 1.0][:5]
+        assert all(any(m["role"] == "user" and m["content"] == "Okay." for m in r["messages"]) for r in runs)
+        # ... but filler alone is no progress: the user gives up after a few turns
+        idle = rollout(e, ScriptedAgent(["One moment, please."]), 0)
+        assert idle["termination"] == "user_stop" and idle["reward"] == 0.0 and idle["steps"] <= 6
+    finally:
+        e.close()

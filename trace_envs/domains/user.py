@@ -20,11 +20,11 @@ How the scripted user reads the agent (lower-cased message):
   "your name", "reservation id", "order id" — → the known fact, or "I don't know my …" (never invented);
 * any other question → the current request's details;
 * any other statement → the request is taken as handled (the next request, or ``###STOP###``) only
-  if it reads as an outcome — the agent acted on the request (a successful tool call since the user
-  raised it), or the statement reports a result or a refusal ("done", "cancelled", "has been
-  updated", "I can't", "not eligible", a number...). A filler statement ("Let me look into that.",
-  "One moment.") gets "Okay." and counts as a turn without progress; after ``max_unhelpful`` of
-  those the user gives up (``###STOP###``).
+  if it reads as an outcome: not a filler announcement ("Let me look into that.", "One moment.",
+  "Sure."), and either the agent acted on the request (a successful tool call since the user raised
+  it) or the statement reports a result or a refusal ("done", "cancelled", "has been updated",
+  "I can't", "not eligible", a number...). Anything else gets "Okay." and counts as a turn without
+  progress; after ``max_unhelpful`` of those the user gives up (``###STOP###``).
 
 The scripted user is a stand-in that makes episodes deterministic and instant. τ²-bench's official
 tasks (``tau2_data=``) are written for an LLM user — their scenarios are instructions to a model,
@@ -60,6 +60,12 @@ _OUTCOME = re.compile(r"\b(done|completed?|cancel+ed|updated|changed|modified|bo
                       r"unable|cannot|can't|can not|could not|couldn't|not able|not eligible|ineligible|"
                       r"not possible|not allowed|no longer|sorry|unfortunately|afraid|policy|here is|here are|"
                       r"found|there (is|are)|your \w+ (is|are))\b|\d")
+# A statement that only announces work ("Let me check that.", "One moment."): never an answer.
+_FILLER = re.compile(r"^\W*(sure|okay|ok|alright|all right|certainly|of course|great|thanks?|thank you)?[,.! ]*"
+                     r"(let me\b|i('| wi)ll (check|look|see|verify|pull)|i am (checking|looking)|i'm (checking|looking)|"
+                     r"(just )?(one|a) (moment|second|minute)|please (hold|wait|bear with)|hold on|give me a\b|"
+                     r"checking\b|looking (into|up)\b|working on it)|"
+                     r"^\W*(sure|okay|ok|alright|all right|certainly|of course|great)\W*$")
 _ASKING = re.compile(r"\?|\bplease (provide|share|tell|give)\b|\bcould you (provide|share|tell|give)\b"
                      r"|\bmay i have\b|\bwhat is\b|\bwhat's\b")
 
@@ -121,7 +127,7 @@ class ScriptedUser:
                 return f"This isn't going anywhere. {STOP}"
             request = self.task.requests[min(self.current, len(self.task.requests) - 1)]
             return request.details or request.text
-        if self._acted(messages) or _OUTCOME.search(text):
+        if not _FILLER.search(text) and (self._acted(messages) or _OUTCOME.search(text)):
             return self._advance(messages)
         self.unhelpful += 1  # filler ("Let me check that."): wait for the outcome
         if self.unhelpful >= self.max_unhelpful:
