@@ -38,6 +38,7 @@ def _fastest_instances() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repo_key,instance_id", _fastest_instances())
 def test_every_cheat_scores_zero_and_gold_still_one(repo_key, instance_id):
     from trace_envs.swe.cheats import CHEATS, apply_steps, cheat_steps

@@ -96,7 +96,7 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
     ``sandbox_error``.
 
     ## Arguments
-    repos: repository keys, or "default" (the five default PyPI libraries).
+    repos: repository keys, or "default" (the eight default PyPI libraries).
     difficulty: 1 = one bug, 2 = two bugs in different functions (combined instances).
     sandbox: "docker" (default) or "local" (no isolation; warns).
     pool_size: warm containers kept ready (0: start one lazily on the first tool call).

@@ -93,6 +93,9 @@ DEFAULT_REPOS: dict[str, RepoSpec] = {
         RepoSpec("isodate-0.7.2", "pypi:isodate==0.7.2", ("tests",), ("src",)),
         RepoSpec("parse-1.20.2", "pypi:parse==1.20.2", ("tests",), (".",)),
         RepoSpec("pathspec-0.12.1", "pypi:pathspec==0.12.1", ("tests",), (".",)),
+        RepoSpec("idna-3.7", "pypi:idna==3.7", ("tests",), (".",)),
+        RepoSpec("jmespath-1.0.1", "pypi:jmespath==1.0.1", ("tests",), (".",)),
+        RepoSpec("six-1.16.0", "pypi:six==1.16.0", ("test_six.py",), (".",)),
     ]
 }
 
