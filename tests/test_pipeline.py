@@ -148,6 +148,17 @@ def test_an_interrupted_rollout_stage_resumes_inside(tmp_path, capsys):
     assert len(again) == 30 and again[:12] == lines[:12]
     assert sorted(json.loads(x)["seed"] for x in again) == list(range(1000, 1030))
 
+    # Killed again, but now the seeds change: that is not a resume, the stale episodes must go.
+    path.write_text("\n".join(again[:5]) + "\n")
+    state = json.loads((run / "stages.json").read_text())
+    state["stages"]["rollout"].update(status="running", outputs=[])  # as the runner leaves it mid-stage
+    (run / "stages.json").write_text(json.dumps(state))
+    text = cfg.read_text().replace("'1000:1030'", "'2000:2010'")
+    cfg.write_text(text)
+    assert main(["run", str(cfg), "--until", "rollout", "--no-progress"]) == 0
+    seeds = sorted(json.loads(x)["seed"] for x in path.read_text().splitlines())
+    assert seeds == list(range(2000, 2010))
+
 
 def test_stages_whose_part_is_missing_are_marked_in_the_plan_and_the_report(tmp_path, monkeypatch):
     """Without the generator and the trainer, the run still goes to the end: those stages are recorded as

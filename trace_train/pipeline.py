@@ -118,6 +118,8 @@ class Stage:
     run: Callable[["Context"], tuple[list[str], dict]]
     estimate: Callable[["Context"], tuple[float | None, str]]
     requires: Callable[[], str | None] = lambda: None  # a reason the stage is unavailable, or None
+    #: folders of the run directory this stage alone writes (cleared when it re-runs on new inputs)
+    owns: tuple[str, ...] = ()
 
 
 def _module_missing(module: str, attr: str | None, issue: str) -> Callable[[], str | None]:
@@ -172,18 +174,22 @@ def _stage_list() -> list[Stage]:
 
     return [
         Stage("base", (), "prepare the base agent (the tiny model's warm-up is cached by content)",
-              s.run_base, s.estimate_base),
-        Stage("rollout", ("base",), "roll out the base agent on the target seeds", s.run_rollout, s.estimate_rollout),
+              s.run_base, s.estimate_base, owns=("base",)),
+        Stage("rollout", ("base",), "roll out the base agent on the target seeds", s.run_rollout, s.estimate_rollout,
+              owns=("rollouts",)),
         Stage("diagnose", ("rollout",), "contrast successes and failures; retain the missing capabilities",
-              s.run_diagnose, s.estimate_diagnose),
+              s.run_diagnose, s.estimate_diagnose, owns=("diagnosis",)),
+        # The run's own workspace is the generate stage's; a workspace the user named is never cleared.
         Stage("generate", ("diagnose",), "generate and admit one env per retained capability",
-              s.run_generate, s.estimate_generate, _module_missing("generators", "generate", "issue 14")),
+              s.run_generate, s.estimate_generate, _module_missing("generators", "generate", "issue 14"),
+              owns=("generate", "workspace")),
         Stage("train", ("base", "diagnose", "generate"), "GRPO: one LoRA adapter per capability, and the baselines",
-              s.run_train, s.estimate_train, _module_missing("trace_train.grpo", "train", "issue 15")),
+              s.run_train, s.estimate_train, _module_missing("trace_train.grpo", "train", "issue 15"), owns=("train",)),
         Stage("compose", ("base", "train"), "token-level top-1 MoE over the adapters, merges, per-episode routing",
-              s.run_compose, s.estimate_compose, _module_missing("trace_train.compose", "compose", "issue 16")),
+              s.run_compose, s.estimate_compose, _module_missing("trace_train.compose", "compose", "issue 16"),
+              owns=("compose",)),
         Stage("evaluate", ("base", "train", "compose"), "every method on the held-out target seeds",
-              s.run_evaluate, s.estimate_evaluate),
+              s.run_evaluate, s.estimate_evaluate, owns=("eval",)),
     ]
 
 
@@ -348,7 +354,8 @@ class Pipeline:
         # Different inputs: the stage's old outputs describe something else, so they go.
         resuming = not forced and previous.get("status") in ("running", "failed") and previous.get("inputs") == inputs
         if not resuming:
-            for p in previous.get("outputs", []):
+            owned = [o for o in stage.owns if not (o == "workspace" and self.cfg.generate.workspace)]
+            for p in [*previous.get("outputs", []), *owned]:
                 self._remove_output(p)
         entries[stage.name] = {"status": "running", "what": stage.what, "inputs": inputs, "started": _now(),
                                "resumed": resuming, "outputs": previous.get("outputs", []) if resuming else []}
