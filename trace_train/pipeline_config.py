@@ -494,6 +494,6 @@ def embedded_default(**overrides: Any) -> RunConfig:
                               "max_turn_tokens": 160, "calibration_groups": 0, "env_kwargs": {"difficulty": 1},
                               "save_steps": 5}},
         "compose": {"router_seeds": 8},
-        "evaluate": {"seeds": "0:30"},
+        "evaluate": {"seeds": "0:20"},
     }
     return config_from_dict(data, **overrides)

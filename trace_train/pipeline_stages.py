@@ -23,14 +23,14 @@ logger = logging.getLogger(__name__)
 
 # Rough per-unit seconds on a 2-core CPU (see the module docstring).
 SECONDS_PER_SCRIPTED_EPISODE = 0.05
-SECONDS_PER_TINY_EPISODE = 1.0        # tiny model, compact τ² prompt, batched across 16 open episodes
+SECONDS_PER_TINY_EPISODE = 6.0        # tiny model, compact τ² prompt, ≤ 16 turns of ≤ 96 tokens, 16 episodes batched
 SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 requests in flight
 SECONDS_PER_LABEL_OFFLINE = 0.01
 SECONDS_PER_ADMISSION = 60.0          # issue 14's goal for admitting one generated τ² env
 SECONDS_PER_GRPO_STEP_TINY = 8.0
 SECONDS_PER_SFT_STEP_TINY = 1.7       # README: an SFT step of the tiny model on the airline target
 SECONDS_PER_ROUTER_RUN_TINY = 60.0
-SECONDS_BOOTSTRAP_SETUP = 90.0        # building the tiny model and collecting the oracle episodes
+SECONDS_BOOTSTRAP_SETUP = 120.0       # building the tiny model and collecting ~3,600 oracle episodes
 
 
 def _prefix_key(run_dir: Path) -> str:
