@@ -20,7 +20,7 @@ import trace_envs  # noqa: F401 - registers the ids
 from trace_envs.core.conversation import hermes_tool_call
 
 FIXTURE = Path(__file__).parent / "fixtures"
-COMMAND_TIMEOUT = 8
+COMMAND_TIMEOUT = 20  # generous: a 2 GB allocation reaches the OOM kill slowly on a loaded machine
 
 
 @pytest.fixture(scope="module")
