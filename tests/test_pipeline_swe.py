@@ -20,7 +20,7 @@ CONFIG = Path(__file__).parent.parent / "examples" / "configs" / "swe.yaml"
 def test_the_swe_config_diagnoses_generates_and_trains(tmp_path):
     data = yaml.safe_load(CONFIG.read_text())
     data["out"] = str(tmp_path / "run")
-    data["rollout"]["seeds"] = "1000:1010"
+    data["rollout"]["seeds"] = "1000:1016"
     data["train"].update(max_steps=2, sft_baseline=False, options={
         "group_size": 2, "groups_per_step": 1, "calibration_groups": 0, "max_turn_tokens": 12,
         "max_completion_length": 96, "max_tool_calling_iterations": 2})
@@ -35,8 +35,8 @@ def test_the_swe_config_diagnoses_generates_and_trains(tmp_path):
     assert env_id.endswith("swe_localization-v0")
     run = Path(data["out"])
     records = [json.loads(x) for x in (run / "rollouts" / "trajectories.jsonl").read_text().splitlines()]
-    assert len(records) == 10 and {r["env_id"] for r in records} == {"trace/swe_repo-v0"}
-    assert 0 < sum(r["success"] for r in records) < 10  # the mixture: the oracle on some tasks only
+    assert len(records) == 16 and {r["env_id"] for r in records} == {"trace/swe_repo-v0"}
+    assert 2 <= sum(not r["success"] for r in records) <= 14  # the mixture: the oracle on some tasks only
     trained = json.loads((run / "train" / "results.json").read_text())["adapters"]["swe_localization"]
     assert trained["env_ids"] == [env_id] and trained["steps"] == 2 and trained["source"] == "generated"
     assert (Path(trained["adapter_dir"]) / "adapter_config.json").exists()

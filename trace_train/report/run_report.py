@@ -64,6 +64,8 @@ def _missing_note(stages: dict, name: str) -> str:
         return f"The `{name}` stage is not available in this build: {entry.get('reason', '')}"
     if status == "failed":
         return f"The `{name}` stage failed: {entry.get('error', '')}"
+    if status == "done":
+        return f"The `{name}` stage ran but wrote nothing for this section."
     return f"The `{name}` stage has not run yet ({status})."
 
 
@@ -107,8 +109,9 @@ def _headline(doc: Document, run: Path, stages: dict) -> None:
     methods = (res or {}).get("methods", {})
     moe, base = methods.get("trace_moe", {}), methods.get("base", {})
     if not (moe.get("available") and base.get("available")):
-        missing = "evaluate" if not res else ("compose" if not moe.get("available") else "evaluate")
-        doc.note("No headline yet: TRACE MoE and the base were not both evaluated. " + _missing_note(stages, missing))
+        why = (moe.get("note") or "").replace("not in this run: ", "") if res else ""
+        why = f"TRACE MoE is {why}." if why else _missing_note(stages, "evaluate")
+        doc.note("No headline yet: TRACE MoE and the base were not both evaluated. " + why)
         if base.get("available"):
             doc.p(f"Base on the held-out target seeds: pass@1 {_ci(base['overall'].get('pass@1'))}.")
         return
@@ -169,6 +172,11 @@ def _diagnosis_section(doc: Document, run: Path, stages: dict) -> None:
           f"failed; mean reward {_num(roll.get('mean_reward'), '.3f')}), labelled by `{caps.get('labeler')}` in "
           f"{caps.get('runs')} run(s). Retained if Δ ≥ {caps['thresholds']['min_delta']} and coverage ≥ "
           f"{caps['thresholds']['min_coverage']} in enough runs.")
+    if not s.get("succeeded") or not s.get("failed"):
+        which = "succeeded" if not s.get("succeeded") else "failed"
+        doc.note(f"The base never {which} on these seeds, so successes and failures cannot be contrasted and no "
+                 "capability can be retained. Give the base a longer warm-up (`base.bootstrap.steps` / "
+                 "`max_seconds`), a stronger model, or targets with tasks it sometimes solves.")
     selected = set((stages.get("diagnose", {}).get("summary") or {}).get("selected", []))
     rows = []
     for c in caps.get("capabilities", []):
