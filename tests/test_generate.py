@@ -10,7 +10,6 @@ knows the workspace only through ``TRACE_REGISTRY``.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -141,26 +140,38 @@ def test_a_spec_without_a_template_names_the_llm_option(tmp_path):
     assert Workspace(tmp_path / "ws").ids() == []
 
 
-def _install(args) -> str:
-    root, n = args
-    ws = Workspace(root)
-    registration = {"id": f"gen/race-v{n}", "class": "E", "max_episode_steps": 5, "description": f"entry {n}"}
-    ws.install("class E: pass\n", registration, capability="race", name="race", version=n, target="tau_airline",
-               origin="generated:race")
-    return registration["id"]
+#: One installer process: the lock is between processes, so the race runs in real, separate ones (not a
+#: fork of this process, whose threads — torch's, a test server's — make forking unsafe).
+_INSTALL = """
+import sys
+from generators.workspace import Workspace
+root, n = sys.argv[1], int(sys.argv[2])
+registration = {"id": f"gen/race-v{n}", "class": "E", "max_episode_steps": 5, "description": f"entry {n}"}
+Workspace(root).install("class E: pass\\n", registration, capability="race", name="race", version=n,
+                        target="tau_airline", origin="generated:race")
+print(registration["id"])
+"""
+
+
+def _install(root: str, n: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _INSTALL, root, str(n)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def test_workspace_appends_are_atomic_locked_and_never_overwrite(tmp_path):
     ws = Workspace(tmp_path / "ws").init()
-    with multiprocessing.get_context("fork").Pool(4) as pool:
-        ids = pool.map(_install, [(str(ws.root), n) for n in range(12)])
+    procs = [_install(str(ws.root), n) for n in range(12)]  # all started before any is waited for
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
+    ids = [out.strip() for out, _ in outputs]
     assert sorted(ws.ids()) == sorted(ids)
     import yaml
 
     data = yaml.safe_load((ws.root / "registry.yaml").read_text())
     assert sorted(e["id"] for e in data) == sorted(ids) and all(e["origin"] == "generated:race" for e in data)
     with pytest.raises(WorkspaceError, match="never overwritten"):
-        _install((str(ws.root), 3))
+        ws.install("class E: pass\n", {"id": "gen/race-v3", "class": "E", "max_episode_steps": 5},
+                   capability="race", name="race", version=3, target="tau_airline", origin="generated:race")
     assert ws.next_version("race") == 12
     assert not list(ws.root.glob(".registry.*"))  # no temporary file left behind
 
