@@ -32,7 +32,7 @@ def test_the_swe_config_diagnoses_generates_and_trains(tmp_path):
     assert [stages[s]["status"] for s in ("base", "rollout", "diagnose", "generate", "train")] == ["done"] * 5
     assert stages["diagnose"]["summary"]["retained"] == ["swe_localization"]
     env_id = stages["generate"]["summary"]["admitted"]["swe_localization"]
-    assert env_id.endswith("swe_localization-v0")
+    assert env_id.startswith("gen/") and "swe_localization" in env_id
     run = Path(data["out"])
     records = [json.loads(x) for x in (run / "rollouts" / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 16 and {r["env_id"] for r in records} == {"trace/swe_repo-v0"}

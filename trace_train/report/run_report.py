@@ -110,7 +110,7 @@ def _headline(doc: Document, run: Path, stages: dict) -> None:
     moe, base = methods.get("trace_moe", {}), methods.get("base", {})
     if not (moe.get("available") and base.get("available")):
         why = (moe.get("note") or "").replace("not in this run: ", "") if res else ""
-        why = f"TRACE MoE is {why}." if why else _missing_note(stages, "evaluate")
+        why = f"TRACE MoE: {why}." if why else _missing_note(stages, "evaluate")
         doc.note("No headline yet: TRACE MoE and the base were not both evaluated. " + why)
         if base.get("available"):
             doc.p(f"Base on the held-out target seeds: pass@1 {_ci(base['overall'].get('pass@1'))}.")
@@ -153,10 +153,14 @@ def _base_section(doc: Document, run: Path, base: dict) -> None:
           f"({warm.get('examples')} episodes, {warm.get('steps')} steps, "
           f"{_num(warm.get('train_seconds'), '.0f')} s of training{', cached' if base.get('cached') else ''}); "
           f"left out of the warm-up: {', '.join(warm.get('exclude_scenarios') or []) or 'nothing'}.")
-    if counts:
-        doc.table(["scenario", "episodes kept", "left out"],
-                  [[s, c.get("kept", 0), c.get("excluded", 0)] for s, c in sorted(counts.items())],
-                  "Scenario families in the warm-up data: the base's gaps come from what it saw little or nothing of.")
+    meta = _load(Path(str(base.get("model_path")), "trace_model.json")) or {}
+    mixture = (meta.get("bootstrap") or {}).get("mixture") or {}
+    if counts or mixture:
+        rows = [[f"`{warm.get('target')}`: {s}", c.get("kept", 0), c.get("excluded", 0)]
+                for s, c in sorted(counts.items())]
+        rows += [[f"`{env}` (warm-up mixture)", m.get("episodes", 0), 0] for env, m in sorted(mixture.items())]
+        doc.table(["warm-up data", "episodes kept", "left out"], rows,
+                  "What the base was warmed up on: its gaps come from what it saw little or nothing of.")
     doc.image(run / "base" / "warmup_loss.png", "Warm-up loss of the base model")
 
 
