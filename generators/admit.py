@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trace_envs.core.bwrap import rebind_hidden
+
 from .static import STATIC_CHECKS, static_check
 
 WORKER = Path(__file__).resolve().parent / "admission_worker.py"
@@ -247,32 +249,8 @@ def _command(kind: str, stage: Path) -> list[str]:
     # /run is replaced by an empty tmpfs: a read-only bind does not stop connecting to a Unix socket
     # there (the Docker daemon's, D-Bus), and --unshare-net does not cover filesystem sockets.
     return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run",
-            *_rebind_hidden(), "--ro-bind", str(stage), str(stage), "--chdir", str(stage), "--unshare-net",
-            "--unshare-pid", "--unshare-ipc", "--new-session", "--die-with-parent", *py]
-
-
-def _rebind_hidden() -> list[str]:
-    """``--ro-bind`` options for what the worker needs from under the hidden ``/tmp`` and ``/run``.
-
-    A checkout, a venv or ``TRACE_CACHE`` may well live in ``/tmp`` (a CI runner's clone, a pytest
-    temporary directory): the private ``/tmp`` would hide the interpreter and the packages the worker
-    imports. Those paths come back read-only; nothing else of the real ``/tmp`` does."""
-    wanted = {sys.prefix, sys.base_prefix, sys.executable, str(WORKER.parent), *sys.path}
-    if os.environ.get("TRACE_CACHE"):
-        wanted.add(os.environ["TRACE_CACHE"])
-    hidden = []
-    for raw in wanted:
-        if not raw:
-            continue
-        path = Path(raw).resolve()
-        if path.exists() and path.parts[1:2] in (("tmp",), ("run",)):
-            hidden.append(path)
-    # A bind inside an already bound folder is redundant: keep the outermost ones, parents first.
-    kept: list[Path] = []
-    for path in sorted(set(hidden), key=lambda p: len(p.parts)):
-        if not any(path.is_relative_to(k) for k in kept):
-            kept.append(path)
-    return [opt for path in kept for opt in ("--ro-bind", str(path), str(path))]
+            *rebind_hidden(_CODE_ROOTS), "--ro-bind", str(stage), str(stage), "--chdir", str(stage),
+            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--new-session", "--die-with-parent", *py]
 
 
 def _limits(memory_mb: int):

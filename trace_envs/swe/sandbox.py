@@ -72,6 +72,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.bwrap import rebind_hidden
 from .images import IMAGE_LAYOUT, LABEL, docker_client
 
 logger = logging.getLogger(__name__)
@@ -897,6 +898,8 @@ class LocalSandbox(Sandbox):
         paths = ([str(requirements_dir)] if requirements_dir else []) + [str(self.root / p) for p in (python_path or ["."])]
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1"}
         self._bwrap = shutil.which("bwrap")
+        # The interpreter, the harness and the repository's requirements may live under /tmp (a CI clone).
+        self._rebinds = rebind_hidden([source_dir, *([requirements_dir] if requirements_dir else [])])
         self._closed = False
 
     def run(self, command: str, timeout: float = 60.0, max_output: int = DEFAULT_OUTPUT_CAP,
@@ -905,7 +908,8 @@ class LocalSandbox(Sandbox):
             raise SandboxError("the sandbox is closed")
         argv = ["bash", "-c", command]
         if self._bwrap:
-            argv = [self._bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--bind", self._tmp, self._tmp, "--dev", "/dev",
+            argv = [self._bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", *self._rebinds, "--bind", self._tmp, self._tmp,
+                    "--dev", "/dev",
                     "--proc", "/proc", "--unshare-net", "--die-with-parent", "--chdir", self.workdir] + argv
         t0 = time.monotonic()
         # Output to a file, not a pipe: waiting for the command is not waiting for whoever holds its stdout.
