@@ -470,10 +470,13 @@ def dump_config(cfg: RunConfig) -> str:
 def embedded_default(**overrides: Any) -> RunConfig:
     """The run ``trace run`` does with no config: the whole loop on CPU with the tiny model, small real budgets.
 
-    The base agent is the ``tiny`` model warmed up here on the airline target's oracle episodes (cached by
-    content, so only the first run pays for it). Its gaps come from how it was trained: the
-    ``flight_status`` and ``info`` families make up its warm-up and cancellations are left out, so it is
-    right on some requests and wrong on others for reasons the offline labeler can name.
+    The base agent is the ``tiny`` model warmed up here (cached by its config, so only the first run pays
+    for it) on the airline target's one-request oracle episodes (``flight_status``, ``info``, ``cancel``)
+    plus a low share (5%) of each τ² capability env's oracle episodes at difficulty 1, so that its gaps
+    come from how it was trained: families it saw often against families it saw rarely. Measured on a
+    loaded 2-core machine, the 8-minute warm-up fitted too few steps for this base to succeed on the
+    target at all (0 of 40 rollouts; docs/demo/report.md): a base with real partial gaps on this budget
+    is still open work.
     """
     target_kwargs = {"scenarios": ["flight_status", "info", "cancel"], "size": {"bundle_prob": 0.0}}
     capability_envs = ["trace/precondition_verification-v0", "trace/multi_step_completion-v0",
