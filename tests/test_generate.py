@@ -193,7 +193,12 @@ def test_offline_generator_admits_swe_localization_from_swe_repo_rollouts(tmp_pa
 
     if not image_exists(docker_client(), base_image_tag()):
         build_base_image(verbose=True)
+    from trace_envs.swe.repos import RepoSpec, known_repos, materialize, save_repo
+
     fixture = Path(__file__).parent / "fixtures"
+    save_repo(RepoSpec("minicalc", f"dir:{fixture / 'minicalc'}", ("tests",), (".",)))  # as tests/test_swe.py does
+    for spec in known_repos().values():  # fetched here, with network: the admission sandbox has none
+        materialize(spec)
     env = gym.make("trace/swe_repo-v0", repos=["minicalc"], instances_dir=str(fixture / "minicalc_instances"))
     try:
         # the oracle fixes the bug; the other agent submits without locating (or editing) anything

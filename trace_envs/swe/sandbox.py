@@ -580,8 +580,9 @@ class DockerSandbox(Sandbox):
         """The shell line that runs one command.
 
         The command's output goes to a file, so waiting for the command is waiting for its own process, not
-        for whoever holds its stdout; ``kill -9 -1`` (a builtin: it works while a fork bomb holds every pid)
-        then ends every other process of the user. The exit code, the in-sandbox times, the OOM-kill and
+        for whoever holds its stdout; then ``kill -9 -1`` (a builtin: it works while a fork bomb holds every
+        pid) ends every other process of the user, repeated without forking until nothing is left to kill,
+        since a bomb can fork past one sweep. The exit code, the in-sandbox times, the OOM-kill and
         process-limit counters before and after, the output's size and the writable mounts' free blocks
         follow a unique marker."""
         half = max(1, max_output // 2)
@@ -591,7 +592,8 @@ class DockerSandbox(Sandbox):
         return (f"cd {WORKDIR} 2>/dev/null; : >{OUTPUT_FILE}; __m0=0; __m1=0; __p0=0; __p1=0; {oom % '__m0'}; "
                 f"{pids % '__p0'}; __t0=$EPOCHREALTIME; "
                 f"timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null >{OUTPUT_FILE} 2>&1; __trc=$?; "
-                f"__t1=$EPOCHREALTIME; kill -9 -1 2>/dev/null; {oom % '__m1'}; {pids % '__p1'}; "
+                f"__t1=$EPOCHREALTIME; __k=0; while [ $__k -lt 50 ] && kill -9 -1 2>/dev/null; do __k=$((__k+1)); done; "
+                f"{oom % '__m1'}; {pids % '__p1'}; "
                 f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
                 f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
                 f"tail -c {half} {OUTPUT_FILE}; else cat {OUTPUT_FILE}; fi; echo; {extra}"
