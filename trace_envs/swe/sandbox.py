@@ -654,12 +654,7 @@ class DockerSandbox(Sandbox):
         if self._closed:
             raise SandboxError("the sandbox is closed")
         with self._lock:
-            if self._sock is not None:
-                try:
-                    self._sock.close()
-                except OSError:
-                    pass
-                self._sock = None
+            self._drop_shell_socket()
             try:
                 api = self.client.api
                 exec_id = api.exec_create(self.container_id, ["bash", "--noprofile", "--norc", "-c", script],
@@ -699,6 +694,15 @@ class DockerSandbox(Sandbox):
         """Kill the container (used by tests to simulate a crash mid-episode)."""
         self.client.api.kill(self.container_id)
 
+    def _drop_shell_socket(self) -> None:
+        """Close the persistent shell's socket, if any (a broken one is as good as closed)."""
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
     def close(self, wait: bool = True) -> None:
         """Remove the container. ``wait=False`` leaves the removal (~0.3-0.5 s of dockerd's time) to a daemon
         thread, so an environment's ``reset`` does not wait for the previous episode's container; the container
@@ -706,12 +710,7 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-            self._sock = None
+        self._drop_shell_socket()
         if not self.container_id:
             return
         if wait:
