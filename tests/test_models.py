@@ -123,6 +123,23 @@ def test_oracle_trajectories_leave_out_scenarios():
     assert all(r["success"] for r in records)
 
 
+def test_oracle_trajectories_keep_a_share_of_a_family():
+    from trace_train.models import BootstrapConfig, oracle_trajectories
+
+    _register_scenario_env()
+    full, full_counts = oracle_trajectories(SCENARIO_ENV, range(200))
+    part, counts = oracle_trajectories(SCENARIO_ENV, range(200), scenario_shares={"kitchen": 0.25})
+    kitchen = full_counts["kitchen"]["kept"]
+    # under-represented, not absent: about a quarter of the family's episodes stay, the other family is whole
+    assert 0.1 * kitchen < counts["kitchen"]["kept"] < 0.4 * kitchen
+    assert counts["kitchen"]["kept"] + counts["kitchen"]["excluded"] == kitchen
+    assert counts["other"]["kept"] == full_counts["other"]["kept"]
+    again, _ = oracle_trajectories(SCENARIO_ENV, range(200), scenario_shares={"kitchen": 0.25})
+    assert [r["seed"] for r in again] == [r["seed"] for r in part]  # chosen by seed: the same every time
+    with pytest.raises(ValueError, match="scenario_shares.*exclude_scenarios"):
+        BootstrapConfig(target=SCENARIO_ENV, scenario_shares={"kitchen": 0.0})
+
+
 def test_sft_segments_match_inference_prompts(model_dir):
     from transformers import AutoTokenizer
 

@@ -385,6 +385,9 @@ class BootstrapConfig:
         preset: size preset used when ``base`` is not given.
         out: output folder; default ``<cache>/bootstrap-<target>-<hash>``.
         exclude_scenarios: scenario families (``task_spec()["scenario"]``) left out of training.
+        scenario_shares: scenario families kept at a share below 1 (``{"cancel": 0.1}`` keeps about one
+            cancel episode in ten, chosen by seed): families *under-represented* in the warm-up rather
+            than absent, so the base shows them sometimes but not reliably.
         train_seeds: how many training episodes to collect; seeds start at ``seed_offset`` so that
             evaluation on small seeds is held out.
         seed_offset: first training seed.
@@ -445,6 +448,7 @@ class BootstrapConfig:
     preset: str = "tiny"
     out: str | None = None
     exclude_scenarios: tuple[str, ...] = ()
+    scenario_shares: dict = field(default_factory=dict)
     train_seeds: int = 400
     seed_offset: int = 100_000
     steps: int = 300
@@ -483,6 +487,10 @@ class BootstrapConfig:
         if self.prompt not in ("compact", "full"):
             raise ValueError(f"prompt must be 'compact' or 'full', got {self.prompt!r}")
         self.exclude_scenarios = tuple(self.exclude_scenarios)
+        for family, share in self.scenario_shares.items():
+            if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+                raise ValueError(f"scenario_shares[{family!r}] must be a number in (0, 1] (the share of that "
+                                 f"family's episodes kept), got {share!r}; use exclude_scenarios to leave it out")
         for env_id, share in self.mixture.items():
             if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
                 raise ValueError(f"mixture share of {env_id} must be a number > 0 (a share of train_seeds), "
@@ -508,11 +516,20 @@ def scenario_families(scenario: str) -> list[str]:
     return [scenario]
 
 
+def _kept_at_share(seed: int, share: float) -> bool:
+    """Whether episode ``seed`` is among the ``share`` of its family that is kept (a pure function of the seed)."""
+    digest = hashlib.sha256(f"scenario-share:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
 def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Sequence[str] = (),
-                        env_kwargs: dict | None = None) -> tuple[list[dict], dict]:
+                        env_kwargs: dict | None = None,
+                        scenario_shares: dict[str, float] | None = None) -> tuple[list[dict], dict]:
     """Oracle episodes of ``target`` on ``seeds``, without the excluded scenarios.
 
-    A task is left out when its scenario, or any family of a ``bundle:a+b`` scenario, is excluded.
+    A task is left out when its scenario, or any family of a ``bundle:a+b`` scenario, is excluded. A family
+    in ``scenario_shares`` keeps only that share of its episodes (the smallest share of its families, for a
+    bundle), chosen by seed, so the same settings always keep the same episodes.
 
     Returns:
         (records, counts) where counts maps each scenario (or ``None``) to kept/excluded/failed numbers.
@@ -531,6 +548,10 @@ def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Se
             scenario = scenario_of(env)
             c = counts.setdefault(str(scenario), {"kept": 0, "excluded": 0, "failed": 0})
             if scenario is not None and excluded & set(scenario_families(scenario)):
+                c["excluded"] += 1
+                continue
+            share = min([(scenario_shares or {}).get(f, 1.0) for f in scenario_families(scenario or "")] or [1.0])
+            if share < 1.0 and not _kept_at_share(seed, share):
                 c["excluded"] += 1
                 continue
             if not record["success"]:
@@ -1045,7 +1066,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     base = cfg.base or str(build_model(cfg.preset, env_ids=sorted(set(default_corpus_envs()) | {cfg.target})).path)
     tokenizer = AutoTokenizer.from_pretrained(base)
     seeds = range(cfg.seed_offset, cfg.seed_offset + cfg.train_seeds)
-    records, counts = oracle_trajectories(cfg.target, seeds, cfg.exclude_scenarios, env_kwargs)
+    records, counts = oracle_trajectories(cfg.target, seeds, cfg.exclude_scenarios, env_kwargs, cfg.scenario_shares)
     if not records:
         raise RuntimeError(f"no oracle trajectories of {cfg.target} left to train on (scenario counts: {counts}); "
                            "check --exclude-scenarios")
@@ -1141,7 +1162,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     model.config.use_cache = True
 
     # Options left at their defaults stay out of the key, so folders cached before they existed still match.
-    keyed = {k: v for k, v in asdict(cfg).items() if not (k in ("mixture", "mixture_env_kwargs", "lora") and not v)}
+    keyed = {k: v for k, v in asdict(cfg).items() if not (k in ("mixture", "mixture_env_kwargs", "lora", "scenario_shares") and not v)}
     key = hashlib.sha256(json.dumps({"cfg": keyed, "base": model_metadata(base).get("content_key", base)},
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"
@@ -1156,6 +1177,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     meta.update({"content_key": f"bootstrap-{key}", "base_content_key": meta.get("content_key"),
                  "env_kwargs": env_kwargs, "bootstrap": {
         "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
+        "scenario_shares": dict(cfg.scenario_shares),
         "steps": len(losses), "max_seconds": cfg.max_seconds, "batch_size": cfg.batch_size, "lr": cfg.lr,
         "examples": len(rows), "train_seconds": train_s,
         "pretrain_steps": pretrain_steps, "frozen_circuit": cfg.freeze_circuit if circuit else None,

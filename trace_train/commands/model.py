@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="tiny", help="size preset when --base is not given (default: tiny)")
     p.add_argument("--exclude-scenarios", nargs="*", default=[], metavar="S",
                    help="scenario families (task_spec()['scenario']) left out of the warm-up")
+    p.add_argument("--scenario-share", action="append", default=[], metavar="FAMILY=SHARE",
+                   help="keep only SHARE (0-1] of a family's episodes (repeatable), e.g. cancel=0.1: a family "
+                        "under-represented in the warm-up rather than absent")
     p.add_argument("--steps", type=int, default=None,
                    help="optimiser steps (default: 300; with --minutes, a cap on the steps)")
     p.add_argument("--minutes", type=float, default=None, metavar="M",
@@ -115,12 +118,21 @@ def cmd_bootstrap(args) -> int:
         if not sep or not env_id:
             raise CommandError(f"--mix {item!r} must look like ENV=SHARE, e.g. trace/precondition_verification-v0=0.05")
     check_env_ids(trace_envs, list(mixture))
+    scenario_shares = {}
+    for item in args.scenario_share:
+        family, sep, share = item.rpartition("=")
+        try:
+            scenario_shares[family] = float(share)
+        except ValueError:
+            sep = ""
+        if not sep or not family:
+            raise CommandError(f"--scenario-share {item!r} must look like FAMILY=SHARE, e.g. cancel=0.1")
 
     if args.preset not in PRESETS:
         raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     try:
         cfg = BootstrapConfig(target=args.target, base=args.base, preset=args.preset,
-                              exclude_scenarios=tuple(args.exclude_scenarios),
+                              exclude_scenarios=tuple(args.exclude_scenarios), scenario_shares=scenario_shares,
                               steps=args.steps if args.steps is not None else
                               (1_000_000 if args.minutes is not None else 300),
                               max_seconds=args.minutes * 60 if args.minutes is not None else None,
