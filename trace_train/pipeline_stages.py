@@ -8,6 +8,7 @@ a 2-core CPU with the tiny model (noisy: the machine was shared), so they are ro
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -371,15 +372,16 @@ def capability_envs(ctx) -> dict[str, dict]:
 # ----------------------------------------------------------------------------- train
 
 
-def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False,
+def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False,
                minutes: float | None = None) -> dict:
-    """Train (or find already trained) one adapter into ``train/<name>/``; returns its result record."""
-    from trace_train.grpo import TrainConfig, train
+    """The job that trains one adapter into ``train/<name>/`` (the keyword arguments of :func:`_train_adapter`),
+    or, when it finished before an interruption, ``{"record": <its result record>}``."""
+    from trace_train.grpo import TrainConfig
 
     out = ctx.path("train", name)
     done_file = out / "result.json"
     if done_file.exists():  # finished before an interruption: keep it
-        return json.loads(done_file.read_text())
+        return {"record": json.loads(done_file.read_text())}
     t = ctx.cfg.train
     registry = [str(ctx.workspace)] if (ctx.workspace / "registry.yaml").exists() else []
     # The trainer applies the kwargs the model was warmed up with (e.g. the compact prompt) by itself;
@@ -397,17 +399,57 @@ def _train_one(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
         raise ConfigError(f"train.options: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"train: {exc}") from None
+    return {"cfg": cfg, "out": out, "name": name, "env_ids": list(env_ids), "sft": sft, "launcher": t.launcher,
+            "accelerate_args": list(t.accelerate_args)}
+
+
+def _train_adapter(cfg, out: Path, name: str, env_ids: list[str], sft: bool, launcher: str,
+                   accelerate_args: list) -> dict:
+    """Train one adapter (in this process or a worker) and write its ``result.json``; returns the record."""
+    from trace_train.grpo import train
+
     t0 = time.perf_counter()
-    if t.launcher == "accelerate":
-        result = _accelerate_train(cfg, out, t.accelerate_args)
+    if launcher == "accelerate":
+        result = _accelerate_train(cfg, out, accelerate_args)
     else:
+        if cfg.registry:  # a worker process starts with the built-in registry only
+            import trace_envs
+
+            for path in cfg.registry:
+                trace_envs.load_registry(path)
         result = train(cfg).to_dict()
     record = {"name": name, "env_ids": list(env_ids), "sft": sft, "adapter_dir": str(result["adapter_dir"]),
               "log_csv": str(result["log_csv"]), "curve_png": _str(result.get("curve_png")),
               "steps": int(result["steps"]), "rollouts": int(result["rollouts"]),
               "calibration": result.get("calibration"), "seconds": round(time.perf_counter() - t0, 2)}
-    done_file.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    (out / "result.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return record
+
+
+def _run_train_jobs(jobs: dict[str, dict], workers: int) -> dict[str, dict]:
+    """The result record of every job (key -> record): in this process, or ``workers`` at a time in spawned
+    worker processes (each trains on its own ``base.threads`` threads; accelerate launches stay here)."""
+    records = {k: j["record"] for k, j in jobs.items() if "record" in j}
+    todo = {k: j for k, j in jobs.items() if "record" not in j}
+    parallel = {k: j for k, j in todo.items() if j["launcher"] != "accelerate"} if workers > 1 else {}
+    if len(parallel) <= 1:
+        parallel = {}
+    for k, j in todo.items():
+        if k not in parallel:
+            records[k] = _train_adapter(**j)
+    if parallel:
+        import dataclasses
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        logger.info("training %d adapters in %d worker processes", len(parallel), workers)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_die_with_parent) as pool:
+            futures = {k: pool.submit(_train_adapter, **{**j, "cfg": dataclasses.replace(j["cfg"], progress=False)})
+                       for k, j in parallel.items()}
+            for k, future in futures.items():
+                records[k] = future.result()
+    return {k: records[k] for k in jobs}
 
 
 def _accelerate_train(cfg, out: Path, accelerate_args: list) -> dict:
@@ -432,17 +474,18 @@ def run_train(ctx) -> tuple[list[str], dict]:
         raise ConfigError("train.model is required: the base agent has no local weights to train adapters on")
     envs = capability_envs(ctx)
     ctx.path("train").mkdir(parents=True, exist_ok=True)
-    adapters = {}
-    for cap, env in envs.items():
-        adapters[cap] = _train_one(ctx, cap, [env["env_id"]], t.max_steps, minutes=t.max_minutes) | {
-            "source": env["source"]}
-    baselines = {}
+    jobs = {cap: _train_job(ctx, cap, [env["env_id"]], t.max_steps, minutes=t.max_minutes) for cap, env in envs.items()}
     env_ids = [e["env_id"] for e in envs.values()]
     if env_ids and t.multi_baseline and len(env_ids) > 1:
-        baselines["multi"] = _train_one(ctx, "_multi", env_ids, t.multi_steps or t.max_steps * len(env_ids),
-                                        minutes=t.max_minutes * len(env_ids) if t.max_minutes else None)
+        jobs["_multi"] = _train_job(ctx, "_multi", env_ids, t.multi_steps or t.max_steps * len(env_ids),
+                                    minutes=t.max_minutes * len(env_ids) if t.max_minutes else None)
     if env_ids and t.sft_baseline:
-        baselines["sft"] = _train_one(ctx, "_sft", env_ids, t.sft_steps, sft=True)
+        jobs["_sft"] = _train_job(ctx, "_sft", env_ids, t.sft_steps, sft=True)
+    # The multi-capability baseline (the longest run) goes first, so that the workers finish close together.
+    order = sorted(jobs, key=lambda k: k != "_multi") if t.workers > 1 else list(jobs)
+    records = _run_train_jobs({k: jobs[k] for k in order}, t.workers)
+    adapters = {cap: records[cap] | {"source": env["source"]} for cap, env in envs.items()}
+    baselines = {k.lstrip("_"): records[k] for k in ("_multi", "_sft") if k in records}
     (ctx.path("train", "results.json")).write_text(json.dumps({"adapters": adapters, "baselines": baselines},
                                                               indent=2, default=str) + "\n")
     missing = [c for c in _selected(ctx) if c not in envs]
@@ -461,11 +504,19 @@ def estimate_train(ctx) -> tuple[float | None, str]:
         return None, f"{k} adapters × {t.max_steps} GRPO steps (time depends on the model and the GPUs)"
     runs = k + k * t.multi_baseline * (k > 1)  # the multi baseline gets the budget of all k adapters
     sft = t.sft_baseline * (t.sft_steps * SECONDS_PER_SFT_STEP_TINY + 30.0)
+    # Several workers: the runs share them; no fewer seconds than the longest run (the multi baseline's).
+    longest = k * t.multi_baseline * (k > 1) or 1
     if t.max_minutes:
-        return (runs * (t.max_minutes * 60 + 30.0) + sft,
-                f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines")
-    return (runs * t.max_steps * SECONDS_PER_GRPO_STEP_TINY + sft,
-            f"{k} adapters × {t.max_steps} GRPO steps + baselines")
+        total = runs * (t.max_minutes * 60 + 30.0) + sft
+        floor = longest * (t.max_minutes * 60 + 30.0)
+        what = f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines"
+    else:
+        total = runs * t.max_steps * SECONDS_PER_GRPO_STEP_TINY + sft
+        floor = longest * t.max_steps * SECONDS_PER_GRPO_STEP_TINY
+        what = f"{k} adapters × {t.max_steps} GRPO steps + baselines"
+    if t.workers > 1:
+        return max(total / t.workers, floor), what + f", {t.workers} at once"
+    return total, what
 
 
 # ----------------------------------------------------------------------------- compose
@@ -541,8 +592,9 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     total_adapter_rollouts = sum(spent.get(c, 0) for c in adapters)
 
     def hf(path: str, adapter: str | None = None):
-        return lambda: HFAgent(path, adapter=adapter, threads=b.threads, device=b.device,
-                               max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed)
+        # A partial of the class, not a closure: it pickles, so evaluate.workers can build it in a worker process.
+        return functools.partial(HFAgent, path, adapter=adapter, threads=b.threads, device=b.device,
+                                 max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed)
 
     def why_missing(stage: str) -> str:
         entry = ctx.state["stages"].get(stage, {})
@@ -564,7 +616,11 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     rows: list[tuple[str, str, Any, int, str]] = []
     wanted = set(e.methods)
     if "base" in wanted:
-        rows.append(("base", "base", lambda: make_base_agent(ctx, temperature=e.temperature)[0], 0, ""))
+        make_base = (functools.partial(HFAgent, ctx.summary("base")["model_path"], threads=b.threads, device=b.device,
+                                       max_new_tokens=b.max_new_tokens, temperature=e.temperature,
+                                       seed=ctx.cfg.seed, name="base")
+                     if b.kind in ("tiny", "hf") else lambda: make_base_agent(ctx, temperature=e.temperature)[0])
+        rows.append(("base", "base", make_base, 0, ""))
     if "sft" in wanted:
         a = train.get("baselines", {}).get("sft")
         rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("sft", 0),
@@ -604,7 +660,6 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
 
 def run_evaluate(ctx) -> tuple[list[str], dict]:
     from trace_train.evaluate import compare, evaluate
-    from trace_train.rollouts import run_rollouts
 
     e, r = ctx.cfg.evaluate, ctx.cfg.rollout
     seeds = parse_seeds("evaluate.seeds", e.seeds)
@@ -615,21 +670,24 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
         trace_envs.load_registry(str(ctx.workspace))
     results: dict[str, dict] = {}
     base_traj = ctx.path("eval", "base", "trajectories.jsonl")
-    for key, label, make, spent, note in method_agents(ctx):
+    rows = method_agents(ctx)
+    jobs = []
+    for key, label, make, spent, note in rows:
+        if make is None:
+            continue
+        kwargs = (make_base_agent(ctx)[1] if key == "base" else model_env_kwargs_fn(model, r.env_kwargs))
+        per_env = {env_id: kwargs(env_id) for env_id in r.targets}
+        jobs.append(dict(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
+                         out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), in_flight=e.in_flight,
+                         env_kwargs=per_env, progress=ctx.progress))
+    _run_method_rollouts(jobs, e.workers)
+    outs = {job["key"]: job["out"] for job in jobs}
+    for key, label, make, spent, note in rows:
         row: dict[str, Any] = {"label": label, "rollouts_spent": spent, "note": note}
         if make is None:
             results[key] = row | {"available": False}
             continue
-        out = ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl")
-        agent = make()
-        kwargs = (make_base_agent(ctx)[1] if key == "base" else model_env_kwargs_fn(model, r.env_kwargs))
-        try:
-            run_rollouts(r.targets, agent, seeds, samples=e.samples, out=out, in_flight=e.in_flight,
-                         env_kwargs=kwargs, progress=ctx.progress, agent_name=key)
-        finally:
-            close = getattr(agent, "close", None)
-            if callable(close):
-                close()
+        out = outs[key]
         metrics = evaluate(out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
         row |= {"available": True, "trajectories": str(out.relative_to(ctx.run_dir)), "overall": metrics["overall"],
                 "by_scenario": metrics["by_scenario"]}
@@ -645,6 +703,65 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
                       "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
 
 
+def _method_rollouts(key, make, targets, seeds, samples, out, in_flight, env_kwargs, progress) -> str:
+    """One method's held-out rollouts into ``out`` (resumable: episodes already there are kept)."""
+    from trace_train.rollouts import run_rollouts
+
+    agent = make()
+    try:
+        run_rollouts(targets, agent, seeds, samples=samples, out=out, in_flight=in_flight,
+                     env_kwargs=env_kwargs.__getitem__, progress=progress, agent_name=key)
+    finally:
+        close = getattr(agent, "close", None)
+        if callable(close):
+            close()
+    return key
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: a worker gets SIGKILL when the run's process dies (a killed run leaves no worker
+    writing into its directory while the resumed run works there), and uses the run's thread count."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
+def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
+    """Every job's rollouts: in this process, or ``workers`` at a time in worker processes (spawned, so no torch
+    state is forked). A job whose agent cannot be sent to a worker (a scripted or endpoint base) runs here."""
+    import pickle
+
+    parallel = []
+    for job in jobs:
+        try:
+            pickle.dumps(job["make"])
+            parallel.append(job)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            pass
+    if workers <= 1 or len(parallel) <= 1:
+        parallel = []
+    local = [job for job in jobs if not any(job is p for p in parallel)]
+    for job in local:
+        _method_rollouts(**job)
+    if not parallel:
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    logger.info("evaluating %d methods in %d worker processes", len(parallel), workers)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_die_with_parent) as pool:
+        futures = [pool.submit(_method_rollouts, **{**job, "progress": False}) for job in parallel]
+        for done, future in enumerate(as_completed(futures), 1):
+            key = future.result()
+            if jobs[0]["progress"]:
+                print(f"  evaluated {key} ({done}/{len(futures)})", flush=True)
+
+
 def _write_results(path: Path, results: dict, seeds: list[int], e) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"seeds": [min(seeds), max(seeds) + 1], "n_seeds": len(seeds), "samples": e.samples,
@@ -658,4 +775,6 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
     per = SECONDS_PER_TINY_EPISODE if ctx.cfg.base.kind != "scripted" else SECONDS_PER_TINY_EPISODE / 2
-    return n * methods * per, f"≤ {methods} methods × {n} held-out episodes"
+    workers = min(e.workers, methods)
+    return (n * methods * per / workers,
+            f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else ""))
