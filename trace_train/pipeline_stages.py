@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import asdict, fields
@@ -24,7 +25,11 @@ logger = logging.getLogger(__name__)
 
 # Rough per-unit seconds on a 2-core CPU (see the module docstring).
 SECONDS_PER_SCRIPTED_EPISODE = 0.05
-SECONDS_PER_TINY_EPISODE = 6.0        # tiny model, compact τ² prompt, ≤ 16 turns of ≤ 96 tokens, 16 episodes batched
+# A batch of b tiny-model episodes generated together (compact τ² prompt, ≤ 16 turns of ≤ 96 tokens) takes about
+# SECONDS_PER_TINY_BATCH + b × SECONDS_PER_TINY_EPISODE_IN_BATCH on one thread: decoding steps, not batch width,
+# are most of the cost (measured: 40 episodes in ~2 min, 2026-12-01).
+SECONDS_PER_TINY_BATCH = 60.0
+SECONDS_PER_TINY_EPISODE_IN_BATCH = 1.5
 SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 requests in flight
 SECONDS_PER_LABEL_OFFLINE = 0.01
 SECONDS_PER_ADMISSION = 60.0          # issue 14's goal for admitting one generated τ² env
@@ -247,10 +252,13 @@ def make_base_agent(ctx, temperature: float | None = None):
     return _scripted_agent(b, ctx.cfg.seed), lambda env_id: dict(extra)
 
 
-def _episode_seconds(ctx) -> float:
+def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
+    """Rough seconds of ``n`` episodes of the base agent with ``in_flight`` open at once."""
     kind = ctx.cfg.base.kind
-    return {"scripted": SECONDS_PER_SCRIPTED_EPISODE, "openai": SECONDS_PER_ENDPOINT_EPISODE}.get(
-        kind, SECONDS_PER_TINY_EPISODE)
+    if kind in ("scripted", "openai"):
+        return n * {"scripted": SECONDS_PER_SCRIPTED_EPISODE, "openai": SECONDS_PER_ENDPOINT_EPISODE}[kind]
+    width = max(1, min(n, in_flight))
+    return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -278,7 +286,7 @@ def run_rollout(ctx) -> tuple[list[str], dict]:
 def estimate_rollout(ctx) -> tuple[float | None, str]:
     r = ctx.cfg.rollout
     n = len(r.targets) * len(parse_seeds("rollout.seeds", r.seeds)) * r.samples
-    return n * _episode_seconds(ctx), f"{n} episodes of the base agent"
+    return _episodes_seconds(ctx, n, r.in_flight), f"{n} episodes of the base agent"
 
 
 # ----------------------------------------------------------------------------- diagnose
@@ -774,7 +782,9 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
-    per = SECONDS_PER_TINY_EPISODE if ctx.cfg.base.kind != "scripted" else SECONDS_PER_TINY_EPISODE / 2
+    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer).
+    width = max(1, min(n, e.in_flight))
+    per_method = math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
     workers = min(e.workers, methods)
-    return (n * methods * per / workers,
+    return (math.ceil(methods / workers) * per_method,
             f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else ""))
