@@ -727,8 +727,8 @@ def _method_rollouts(key, make, targets, seeds, samples, out, in_flight, env_kwa
 
 
 def _die_with_parent() -> None:
-    """Worker initializer: a worker gets SIGKILL when the run's process dies (a killed run leaves no worker
-    writing into its directory while the resumed run works there), and uses the run's thread count."""
+    """Worker initializer: a worker gets SIGKILL when the run's process dies, so a killed run leaves no worker
+    writing into its directory while the resumed run works there. (Each job sets its own torch threads.)"""
     import ctypes
     import signal
 
