@@ -149,11 +149,13 @@ def _base_section(doc: Document, run: Path, base: dict) -> None:
         return
     doc.h(1, "Base model")
     counts = warm.get("scenario_counts") or {}
+    meta = _load(Path(str(base.get("model_path")), "trace_model.json")) or {}
+    shares = (meta.get("bootstrap") or {}).get("scenario_shares") or {}
+    under = f"; under-represented: {', '.join(f'{f} ({v:.0%} kept)' for f, v in sorted(shares.items()))}" if shares else ""
     doc.p(f"The tiny model, warmed up by SFT on oracle episodes of `{warm.get('target')}` "
           f"({warm.get('examples')} episodes, {warm.get('steps')} steps, "
           f"{_num(warm.get('train_seconds'), '.0f')} s of training{', cached' if base.get('cached') else ''}); "
-          f"left out of the warm-up: {', '.join(warm.get('exclude_scenarios') or []) or 'nothing'}.")
-    meta = _load(Path(str(base.get("model_path")), "trace_model.json")) or {}
+          f"left out of the warm-up: {', '.join(warm.get('exclude_scenarios') or []) or 'nothing'}{under}.")
     mixture = (meta.get("bootstrap") or {}).get("mixture") or {}
     if counts or mixture:
         rows = [[f"`{warm.get('target')}`: {s}", c.get("kept", 0), c.get("excluded", 0)]
