@@ -481,24 +481,21 @@ def embedded_default(**overrides: Any) -> RunConfig:
     """The run ``trace run`` does with no config: the whole loop on CPU with the tiny model, small real budgets.
 
     The base agent is the ``tiny`` model warmed up here (cached by its config, so only the first run pays
-    for it) on the airline target's one-request oracle episodes of three families: ``flight_status`` and
-    ``info`` in full and ``cancel`` under-represented (a quarter of its episodes), plus a low share (4%) of
-    each τ² capability env's oracle episodes at difficulty 1. Its gaps come from how it was trained —
-    families it saw often against a family it saw rarely — never from reading the answer. Both cores
-    work: the adapters and baselines train two at a time, and the methods are evaluated two at a time,
-    each process on one torch thread (the fastest for this model). ``docs/demo/`` holds the report of a
-    timed run of exactly this config; its README says what it reached.
+    for it) for 480 SFT steps — a step budget, so the same base on any machine — on the airline target's
+    one-request oracle episodes of three families: ``flight_status`` and ``info`` in full and ``cancel``
+    under-represented (a tenth of its episodes), the recipe ``bench/bootstrap_curve.py`` measured (37.5%
+    of held-out episodes solved after 484 steps with ``cancel`` left out). Its gaps come from how it was
+    trained — families it saw often against a family it saw rarely — never from reading the answer. Both
+    cores work: the adapters and baselines train two at a time, and the methods are evaluated two at a
+    time, each process on one torch thread (the fastest for this model). ``docs/demo/`` holds the report
+    of a timed run of exactly this config; the README says what it reached.
     """
     target_kwargs = {"scenarios": ["flight_status", "info", "cancel"], "size": {"bundle_prob": 0.0}}
-    capability_envs = ["trace/precondition_verification-v0", "trace/multi_step_completion-v0",
-                       "trace/structured_data_reasoning-v0", "trace/tool_calling_precision-v0"]
     data = {
         "out": "runs/trace",
         "base": {"kind": "tiny", "preset": "tiny", "max_new_tokens": 96, "bootstrap": {
-            "target": "trace/tau_airline-v0", "train_seeds": 3000, "pretrain_frac": 0.3, "steps": 1_000_000,
-            "max_seconds": 720.0, "env_kwargs": target_kwargs, "scenario_shares": {"cancel": 0.25},
-            # The capability families at a low share: the base is sometimes right on them, not reliably.
-            "mixture": {env: 0.04 for env in capability_envs}, "mixture_env_kwargs": {"difficulty": 1}}},
+            "target": "trace/tau_airline-v0", "train_seeds": 4000, "pretrain_frac": 0.5, "steps": 480,
+            "max_length": 8192, "env_kwargs": target_kwargs, "scenario_shares": {"cancel": 0.1}}},
         # One request per conversation takes the oracle under 10 turns: 16 caps what a lost base spends.
         "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "in_flight": 40,
                     "env_kwargs": {**target_kwargs, "max_episode_steps": 16}},

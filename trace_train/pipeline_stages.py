@@ -34,7 +34,7 @@ SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 request
 SECONDS_PER_LABEL_OFFLINE = 0.01
 SECONDS_PER_ADMISSION = 60.0          # issue 14's goal for admitting one generated τ² env
 SECONDS_PER_GRPO_STEP_TINY = 8.0
-SECONDS_PER_SFT_STEP_TINY = 1.7       # README: an SFT step of the tiny model on the airline target
+SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
 SECONDS_PER_ROUTER_RUN_TINY = 60.0
 SECONDS_BOOTSTRAP_SETUP = 120.0       # building the tiny model and collecting ~3,600 oracle episodes
 
@@ -152,8 +152,9 @@ def estimate_base(ctx) -> tuple[float | None, str]:
     if _cached_base(tiny_base_cache_dir(bcfg)):
         return 1.0, "tiny base warm-up cached (by content)"
     train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * SECONDS_PER_SFT_STEP_TINY
+    budget = f"{train / 60:.0f} min budget" if bcfg.max_seconds else f"{bcfg.steps} steps"
     return SECONDS_BOOTSTRAP_SETUP + train, (f"warm-up of the {bcfg.preset} model on {bcfg.target} "
-                                             f"({'%.0f min budget' % (train / 60)}; cached afterwards)")
+                                             f"({budget}; cached afterwards)")
 
 
 def _check_targets(ctx) -> None:
