@@ -448,12 +448,9 @@ def _run_train_jobs(jobs: dict[str, dict], workers: int) -> dict[str, dict]:
             records[k] = _train_adapter(**j)
     if parallel:
         import dataclasses
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
 
         logger.info("training %d adapters in %d worker processes", len(parallel), workers)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_die_with_parent) as pool:
+        with _worker_pool(workers) as pool:
             futures = {k: pool.submit(_train_adapter, **{**j, "cfg": dataclasses.replace(j["cfg"], progress=False)})
                        for k, j in parallel.items()}
             for k, future in futures.items():
@@ -739,6 +736,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def _worker_pool(workers: int):
+    """The process pool of ``train.workers`` / ``evaluate.workers``: spawned (no torch state is forked), and each
+    worker dies with the run (:func:`_die_with_parent`)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_die_with_parent)
+
+
 def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
     """Every job's rollouts: in this process, or ``workers`` at a time in worker processes (spawned, so no torch
     state is forked). A job whose agent cannot be sent to a worker (a scripted or endpoint base) runs here."""
@@ -758,12 +765,10 @@ def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
         _method_rollouts(**job)
     if not parallel:
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
     logger.info("evaluating %d methods in %d worker processes", len(parallel), workers)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_die_with_parent) as pool:
+    with _worker_pool(workers) as pool:
         futures = [pool.submit(_method_rollouts, **{**job, "progress": False}) for job in parallel]
         for done, future in enumerate(as_completed(futures), 1):
             key = future.result()

@@ -103,30 +103,28 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _shares(items: list[str], flag: str, shape: str, example: str) -> dict[str, float]:
+    """``NAME=SHARE`` arguments of a repeatable flag, as a mapping; a malformed one is a clear error."""
+    shares = {}
+    for item in items:
+        name, sep, share = item.rpartition("=")
+        try:
+            shares[name] = float(share)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise CommandError(f"{flag} {item!r} must look like {shape}, e.g. {example}")
+    return shares
+
+
 def cmd_bootstrap(args) -> int:
     trace_envs = load_registries(args.registry)
     check_env_ids(trace_envs, [args.target])
     from trace_train.models import PRESETS, BootstrapConfig, bootstrap_model
 
-    mixture = {}
-    for item in args.mix:
-        env_id, sep, share = item.rpartition("=")
-        try:
-            mixture[env_id] = float(share)
-        except ValueError:
-            sep = ""
-        if not sep or not env_id:
-            raise CommandError(f"--mix {item!r} must look like ENV=SHARE, e.g. trace/precondition_verification-v0=0.05")
+    mixture = _shares(args.mix, "--mix", "ENV=SHARE", "trace/precondition_verification-v0=0.05")
     check_env_ids(trace_envs, list(mixture))
-    scenario_shares = {}
-    for item in args.scenario_share:
-        family, sep, share = item.rpartition("=")
-        try:
-            scenario_shares[family] = float(share)
-        except ValueError:
-            sep = ""
-        if not sep or not family:
-            raise CommandError(f"--scenario-share {item!r} must look like FAMILY=SHARE, e.g. cancel=0.1")
+    scenario_shares = _shares(args.scenario_share, "--scenario-share", "FAMILY=SHARE", "cancel=0.1")
 
     if args.preset not in PRESETS:
         raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
