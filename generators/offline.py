@@ -5,9 +5,10 @@ For a spec whose capability is one of the built-in families (the four τ² capab
 family for the spec's target:
 
 * the τ² domain from the target (``tau_airline`` → airline, ``tau_retail`` → retail);
-* the scenario families the evidence points to: each failed evidence trajectory is replayed on
-  its target (``reset(seed)``) to read its request families; those the family can generate,
-  most frequent first, become the env's focus (drawn in :data:`FOCUS_SHARE` of the episodes);
+* the scenario families the evidence points to: the request families of the failures the
+  capability is lacking in (the spec's ``failure_families``, from the trajectories' ``task.families``);
+  those the family can generate, most frequent first, become the env's focus (drawn in
+  :data:`FOCUS_SHARE` of the episodes);
 * the difficulty: the family's default, one lower when the capability is missing in at least
   half of the failures (coverage ≥ 0.5: the agent is far from it, start easier).
 
@@ -63,13 +64,30 @@ def _safe_doc(text: str) -> str:
 
 
 def evidence_families(spec: dict, limit: int = 12) -> list[tuple[str, int]]:
-    """Request families of the spec's failed evidence (replayed on their target envs), with counts."""
+    """Request families of the spec's failed evidence, with counts, most frequent first.
+
+    The spec's ``failure_families`` (counted over every failure the capability is lacking in) when it
+    has them, else the families its example failures name. A spec written before trajectories recorded
+    their families has neither: its examples are then replayed on their target (``reset(seed)``), which
+    rebuilds the task only if the rollout used the target's default kwargs.
+    """
+    if spec.get("failure_families"):
+        counts = Counter({str(k): int(v) for k, v in spec["failure_families"].items()})
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    examples = (spec.get("example_failures") or [])[:limit]
+    if any(ex.get("families") for ex in examples):
+        counts = Counter(f for ex in examples for f in ex.get("families") or [])
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return _replayed_families(examples)
+
+
+def _replayed_families(examples: list[dict]) -> list[tuple[str, int]]:
     import gymnasium as gym
 
     counts: Counter = Counter()
     envs: dict = {}
     try:
-        for ex in (spec.get("example_failures") or [])[:limit]:
+        for ex in examples:
             env_id, seed = ex.get("env_id"), ex.get("seed")
             if not env_id or seed is None or "tau_" not in env_id:
                 continue

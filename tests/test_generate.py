@@ -129,6 +129,32 @@ def test_cli_generate_then_envs_list_shows_the_workspace(tau_diagnoses, tmp_path
     assert main(["generate", "--spec", str(tau_diagnoses[0]), "--workspace", str(ws), "--llm", "http://x"]) == 2
 
 
+def test_focus_families_are_those_the_failed_agent_faced_under_the_rollout_env_kwargs(tmp_path):
+    # The rollout narrows the target to two families; replaying its seeds under the default kwargs
+    # would draw other tasks, so the focus must come from what the trajectories recorded.
+    from generators.offline import evidence_families, render
+
+    env = gym.make("trace/tau_airline-v0", scenarios=["baggage", "cancel"], size={"bundle_prob": 0.0})
+    records = ([rollout(env, TauScriptedAgent(("tool_calling_precision",)), s) for s in range(100, 140)]
+               + [rollout(env, TauScriptedAgent(()), s) for s in range(500, 520)])
+    env.close()
+    faced = {f for r in records for f in r["task"]["families"]}
+    assert faced <= {"baggage", "cancel"} and faced
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    result = diagnose(path, tmp_path / "diag", figure=False, thresholds=Thresholds(bootstrap=0))
+    assert "tool_calling_precision" in result.retained
+    spec = json.loads((tmp_path / "diag" / "specs" / "tool_calling_precision.json").read_text())
+    failed = [r for r in records if not r["success"]]
+    assert set(spec["failure_families"]) <= {f for r in failed for f in r["task"]["families"]}
+    assert sum(spec["failure_families"].values()) >= len(spec["example_failures"])
+    assert all(ex["families"] for ex in spec["example_failures"])
+    found = dict(evidence_families(spec))
+    assert found == spec["failure_families"]
+    rendered = render(spec, env_id="gen/x-v0", run_id="t")
+    assert rendered.notes["focus_families"] and set(rendered.notes["focus_families"]) <= faced
+
+
 def test_a_spec_without_a_template_names_the_llm_option(tmp_path):
     spec = {"name": "semantic_logic_precision", "definition": "getting the logic of a fix right",
             "target_env": "trace/swe_repo-v0", "tool_schemas": [], "example_failures": []}

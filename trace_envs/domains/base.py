@@ -213,8 +213,10 @@ class TauEnv(TraceEnv):
     def task_info(self) -> dict:
         if self.task is None:
             return {}
+        # ``families``: the request families in the user's order, so that readers of a trajectory (the
+        # generator's evidence) need not rebuild the task, whose env kwargs the record does not hold.
         return {"task_id": self.task.task_id, "scenario": self.task.scenario, "needs": sorted(self.task.needs),
-                "n_requests": len(self.task.requests)}
+                "n_requests": len(self.task.requests), "families": [r.kind for r in self.task.requests]}
 
     def world_state(self) -> dict:
         return self.db.changes if self.db is not None else {}

@@ -101,6 +101,16 @@ def _target_env(data: dict, cap: dict) -> str | None:
     return sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))[0][0] if counts else None
 
 
+def _request_families(record: dict) -> list[str]:
+    """The request families of a trajectory's task (``task.families``; older records: their ``scenario`` label)."""
+    task = record.get("task") or {}
+    if task.get("families"):
+        return [str(f) for f in task["families"]]
+    label = str(task.get("scenario") or record.get("scenario") or "")
+    label = label.split(":", 1)[1] if ":" in label else label  # "bundle:a+b", "precondition:cancel"
+    return [f for f in label.split("+") if f]
+
+
 def write_specs(data: dict, records: list[dict], ids: list[str], folder: Path, examples: int = 3) -> list[Path]:
     """One JSON spec per retained capability, for the generator stage."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -118,6 +128,7 @@ def write_specs(data: dict, records: list[dict], ids: list[str], folder: Path, e
         tools = next((records[index[t]].get("tools") for t in same_env if records[index[t]].get("tools")), None)
         if tools is None:
             tools = next((r.get("tools") for r in records if r.get("env_id") == target and r.get("tools")), [])
+        families = Counter(f for t in same_env for f in _request_families(records[index[t]]))
         spec = {
             "name": cap["name"],
             "definition": cap["definition"],
@@ -126,8 +137,11 @@ def write_specs(data: dict, records: list[dict], ids: list[str], folder: Path, e
             "statistics": {k: cap[k] for k in ("delta", "coverage", "ER_minus", "ER_plus", "delta_ci", "coverage_ci",
                                                "runs_passed", "runs")},
             "source": {"labeler": data["labeler"], "trajectories": data["source"]},
+            # Request families of every failure this capability is lacking in (the generator's focus).
+            "failure_families": dict(sorted(families.items(), key=lambda kv: (-kv[1], kv[0]))),
             "example_failures": [
                 {"trajectory": t, "env_id": records[index[t]].get("env_id"), "seed": records[index[t]].get("seed"),
+                 "families": _request_families(records[index[t]]),
                  "evidence": (cap.get("offline_evidence") or {}).get(t, ""),
                  "transcript": condense(records[index[t]], max_chars=2500)}
                 for t in same_env[:examples]],
