@@ -99,6 +99,10 @@ def test_every_stage_writes_its_artifacts_and_every_report_table_holds_numbers(f
         # Every row of every table has at least one number in it (no table made of placeholders only).
         for row in table.rows:
             assert any(number.match(c) for c in row), (table.headers, row)
+    train_table = next(t for t in doc.tables if t.headers[0] == "adapter")
+    col = train_table.headers.index("informative groups")
+    # GRPO rows carry the share of groups with an advantage (from TRL's frac_reward_zero_std); SFT has none.
+    assert all(re.fullmatch(r"\d+%", r[col]) if r[2] == "GRPO" else r[col] == "–" for r in train_table.rows)
     results_table = next(t for t in doc.tables if t.headers[0] == "method")
     assert len(results_table.rows) == len(expected)
     assert not any("not in this run" in c for r in results_table.rows for c in r)

@@ -225,17 +225,23 @@ def _generate_section(doc: Document, run: Path, stages: dict) -> None:
               "identity with the target, the reward-hacking probes and calibration (reports beside each module).")
 
 
-def _final_reward(log_csv: str | None) -> tuple[float | None, float | None]:
-    """First and last logged mean reward of a training log (TRL's ``reward`` column or ours)."""
+def _train_log(log_csv: str | None) -> dict:
+    """First and last logged mean reward of a training log (TRL's ``reward`` column or ours), and the share of
+    GRPO groups that carried an advantage (reward not constant across the group), over all steps."""
     if not log_csv or not Path(log_csv).is_file():
-        return None, None
+        return {}
     with open(log_csv, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
+    out: dict = {}
     for col in ("reward", "reward_mean", "rewards/mean"):
         vals = [float(r[col]) for r in rows if r.get(col) not in (None, "")]
         if vals:
-            return vals[0], vals[-1]
-    return None, None
+            out.update(first=vals[0], last=vals[-1])
+            break
+    flat = [float(r["frac_reward_zero_std"]) for r in rows if r.get("frac_reward_zero_std") not in (None, "")]
+    if flat:
+        out["informative"] = 1.0 - sum(flat) / len(flat)
+    return out
 
 
 def _train_section(doc: Document, run: Path, stages: dict) -> None:
@@ -248,14 +254,22 @@ def _train_section(doc: Document, run: Path, stages: dict) -> None:
     if not everything:
         doc.p("No adapter was trained (no capability was retained, or none had an environment).")
         return
-    rows = []
+    rows, flat = [], []
     for name, a in everything.items():
-        first, last = _final_reward(a.get("log_csv"))
+        log = _train_log(a.get("log_csv"))
+        if not a.get("sft") and log.get("informative") == 0.0:
+            flat.append(name)
         rows.append([f"`{name}`", ", ".join(f"`{e}`" for e in a.get("env_ids", [])), "SFT" if a.get("sft") else "GRPO",
-                     a.get("steps"), a.get("rollouts"), _num(first, ".3f"), _num(last, ".3f"),
-                     _num(a.get("seconds"), ".0f")])
+                     a.get("steps"), a.get("rollouts"), _num(log.get("first"), ".3f"), _num(log.get("last"), ".3f"),
+                     "–" if a.get("sft") else _num(log.get("informative"), ".0%"), _num(a.get("seconds"), ".0f")])
     doc.table(["adapter", "env(s)", "objective", "steps", "rollouts", "reward (first step)", "reward (last step)",
-               "seconds"], rows)
+               "informative groups", "seconds"], rows,
+              "Informative groups: the share of GRPO groups whose rewards were not all equal, the only groups "
+              "with an advantage to learn from.")
+    if flat:
+        doc.p("Every group was flat for " + ", ".join(f"`{n}`" for n in flat) + ": the base was never (or always) "
+              "right in its env, so GRPO had no advantage and the adapter is the base. A base that is sometimes "
+              "right there, or an easier `train.options.env_kwargs.difficulty`, gives GRPO something to learn.")
     for name, a in everything.items():
         doc.image(a.get("curve_png"), f"Reward curve: {name}")
 
