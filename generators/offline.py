@@ -73,12 +73,16 @@ def evidence_families(spec: dict, limit: int = 12) -> list[tuple[str, int]]:
     """
     if spec.get("failure_families"):
         counts = Counter({str(k): int(v) for k, v in spec["failure_families"].items()})
-        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return _ranked(counts)
     examples = (spec.get("example_failures") or [])[:limit]
     if any(ex.get("families") for ex in examples):
         counts = Counter(f for ex in examples for f in ex.get("families") or [])
-        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return _ranked(counts)
     return _replayed_families(examples)
+
+
+def _ranked(counts: Counter) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def _replayed_families(examples: list[dict]) -> list[tuple[str, int]]:
@@ -101,7 +105,7 @@ def _replayed_families(examples: list[dict]) -> list[tuple[str, int]]:
     finally:
         for env in envs.values():
             env.close()
-    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return _ranked(counts)
 
 
 def _supported_families(base_cls: type, domain: str, difficulty: int, seeds: int = 40) -> set[str]:
