@@ -153,6 +153,13 @@ def test_focus_families_are_those_the_failed_agent_faced_under_the_rollout_env_k
     assert found == spec["failure_families"]
     rendered = render(spec, env_id="gen/x-v0", run_id="t")
     assert rendered.notes["focus_families"] and set(rendered.notes["focus_families"]) <= faced
+    # Records written before task.families existed: the families come from their scenario labels.
+    for r in records:
+        del r["task"]["families"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    diagnose(path, tmp_path / "old", figure=False, thresholds=Thresholds(bootstrap=0))
+    old = json.loads((tmp_path / "old" / "specs" / "tool_calling_precision.json").read_text())
+    assert old["failure_families"] == spec["failure_families"]
 
 
 def test_a_spec_without_a_template_names_the_llm_option(tmp_path):

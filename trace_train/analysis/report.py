@@ -102,13 +102,18 @@ def _target_env(data: dict, cap: dict) -> str | None:
 
 
 def _request_families(record: dict) -> list[str]:
-    """The request families of a trajectory's task (``task.families``; older records: their ``scenario`` label)."""
+    """The request families of a trajectory's task: ``task.families``; for a record written before those were
+    recorded, its ``scenario`` label (a ``bundle:a+b`` label names its families, any other label is one)."""
+    from trace_train.models import scenario_families
+
     task = record.get("task") or {}
     if task.get("families"):
         return [str(f) for f in task["families"]]
     label = str(task.get("scenario") or record.get("scenario") or "")
-    label = label.split(":", 1)[1] if ":" in label else label  # "bundle:a+b", "precondition:cancel"
-    return [f for f in label.split("+") if f]
+    if not label:
+        return []
+    families = scenario_families(label)
+    return families[1:] or families
 
 
 def write_specs(data: dict, records: list[dict], ids: list[str], folder: Path, examples: int = 3) -> list[Path]:
