@@ -10,7 +10,9 @@ family for the spec's target:
   those the family can generate, most frequent first, become the env's focus (drawn in
   :data:`FOCUS_SHARE` of the episodes);
 * the difficulty: the family's default, one lower when the capability is missing in at least
-  half of the failures (coverage ≥ 0.5: the agent is far from it, start easier).
+  half of the failures (coverage ≥ 0.5: the agent is far from it, start easier), and lower still
+  when the family draws none of the evidence's families at that level (structured data reasoning
+  asks for a flight's status only at its look-up levels, 1 and 2).
 
 The module then goes through the same admission as LLM-written code. When it is rejected, the
 next attempt renders a more conservative variant (:data:`VARIANTS`): a weaker focus, then the
@@ -109,12 +111,14 @@ def _replayed_families(examples: list[dict]) -> list[tuple[str, int]]:
 
 
 def _supported_families(base_cls: type, domain: str, difficulty: int, seeds: int = 40) -> set[str]:
+    from trace_envs.domains.task import request_family
+
     env = base_cls(domain=domain, difficulty=difficulty)
     kinds: set[str] = set()
     try:
         for s in range(seeds):
             env.reset(seed=90_000 + s)
-            kinds.update(r.kind for r in env.task.requests)
+            kinds.update(request_family(r.kind) for r in env.task.requests)
     finally:
         env.close()
     return kinds
@@ -163,6 +167,18 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
                              f"trace/tau_retail-v0), got {target_env!r}. Fix: use --llm for other targets")
         found = evidence_families(spec)
         supported = _supported_families(cls, domain, difficulty)
+        if share > 0 and found and not any(f in supported for f, _ in found):
+            # The family draws the evidence's requests only at easier levels (look-ups come first): go down
+            # to the hardest level that draws one of them, rather than focus on nothing.
+            for easier in range(difficulty - 1, 0, -1):
+                there = _supported_families(cls, domain, easier)
+                if any(f in there for f, _ in found):
+                    reason = (f"the hardest level at which the family draws the evidence's requests "
+                              f"({', '.join(f for f, _ in found if f in there)}); its default is {default}")
+                    difficulty, supported = easier, there
+                    values.update({"difficulty": difficulty, "difficulty_reason": reason})
+                    notes["difficulty"] = difficulty
+                    break
         focus = [f for f, _ in found if f in supported] if share > 0 else []
         notes.update({"domain": domain, "evidence_families": dict(found), "focus_families": focus})
         values.update({

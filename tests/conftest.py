@@ -30,6 +30,8 @@ os.environ["TRACE_REGISTRY"] = os.pathsep.join(_workspaces)
 
 import pytest  # noqa: E402
 
+from trace_envs.domains.agents import TauScriptedAgent  # noqa: E402
+
 
 def registered_ids() -> list[str]:
     """Every id in the registry (built-in, then workspace registries), in registration order."""
@@ -228,3 +230,31 @@ def restore_registry():
         del registry._ENTRIES[env_id]
     for env_id in set(gym.registry) - specs:
         del gym.registry[env_id]
+
+
+class MisreadingAgent(TauScriptedAgent):
+    """The oracle, except that its answer to a flight-status question states another status.
+
+    What the tiny base model does: it calls ``get_flight_status`` with the right flight and date, then
+    answers with the status the date makes likely instead of the one the tool returned. ``mute`` makes
+    it answer with no status at all ("I looked it up."), a decision nothing in the data can check.
+    """
+
+    def __init__(self, mute: bool = False):
+        super().__init__(name="muted" if mute else "misreading")
+        self.mute = mute
+
+    def reset(self, env, observation, info):
+        from trace_envs.domains.agents import plan_turns
+        from trace_envs.domains.airline.tasks import STATUS_WORDS
+
+        super().reset(env, observation, info)
+        turns = list(plan_turns(env.task))
+        for i, turn in enumerate(turns):
+            for status, phrase in STATUS_WORDS.items():
+                if isinstance(turn, str) and turn.startswith("I checked:") and phrase in turn:
+                    other = next(p for s, p in STATUS_WORDS.items() if s != status)
+                    turns[i] = "I looked it up." if self.mute else turn.replace(phrase, other)
+                    break
+        self._policy.turns = turns
+

@@ -21,6 +21,8 @@ from trace_envs.domains.agents import CONFIRM, TauScriptedAgent, plan_turns, slo
 from trace_envs.domains.task import CAPABILITIES
 from trace_train.analysis import OfflineLabeler
 
+from conftest import MisreadingAgent
+
 AIRLINE, RETAIL = "trace/tau_airline-v0", "trace/tau_retail-v0"
 LABELER = OfflineLabeler()
 
@@ -124,3 +126,21 @@ def test_every_capability_is_still_found_alone():
         for cap in CAPABILITIES:
             for r, labels in _episodes(env_id, TauScriptedAgent([cap]), range(100)):
                 assert r["success"] or labels[cap].label == "LACKING", (env_id, cap, r["seed"])
+
+
+def test_a_flight_status_other_than_the_one_the_tool_returned_is_a_reading_error():
+    """The failure the demo's base makes most: it reads a status and answers another (DESIGN.md, diagnosis)."""
+    runs = _episodes(AIRLINE, MisreadingAgent(), range(60), scenarios=["flight_status"], size={"bundle_prob": 0.0})
+    assert all(not r["success"] for r, _ in runs)
+    for r, labels in runs:
+        sdr = labels["structured_data_reasoning"]
+        assert sdr.label == "LACKING" and "get_flight_status returned" in sdr.reason, (r["seed"], sdr)
+        assert {c for c, v in labels.items() if v.label == "LACKING"} == {"structured_data_reasoning"}, r["seed"]
+    for r, labels in _episodes(AIRLINE, TauScriptedAgent(), range(60), scenarios=["flight_status"],
+                               size={"bundle_prob": 0.0}):
+        assert r["success"] and labels["structured_data_reasoning"].label == "PRESENT", (r["seed"], labels)
+    # An answer that states no status rests on nothing checkable: NA, not PRESENT (it would dilute ER⁻).
+    for r, labels in _episodes(AIRLINE, MisreadingAgent(mute=True), range(30), scenarios=["flight_status"],
+                               size={"bundle_prob": 0.0}):
+        assert not r["success"], r["seed"]
+        assert labels["structured_data_reasoning"].label == "NA", (r["seed"], labels["structured_data_reasoning"])

@@ -15,6 +15,7 @@ from trace_envs import make_agent, rollout
 from trace_envs.capabilities.structured_data_reasoning import REJECTED_CREDIT, StructuredDataReasoningEnv, stated
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.domains.agents import ANYTHING_ELSE, CONFIRM
+from trace_envs.domains.airline.tasks import TODAY
 
 from conftest import distinct_tasks
 
@@ -218,3 +219,45 @@ def test_difficulty_is_validated(bad):
 def test_conformance_in_the_retail_domain():
     """The registry entry pins airline (TRL needs one tool set per id); retail passes the same checks."""
     trace_envs.check_trace_env(ENV_ID, n_seeds=10, env_kwargs={"domain": "retail"}).raise_if_failed()
+
+
+class StatusByDate(_Plan):
+    """Calls ``get_flight_status`` right, then answers with the status the date makes likeliest, unread.
+
+    The tiny base model's misreading (a flight today "is in the air (flying)"); ``read=False`` makes
+    the same guess without the call.
+    """
+
+    def __init__(self, read: bool = True):
+        self.read = read
+
+    def plan(self, env):
+        from trace_envs.domains.airline.tasks import STATUS_WORDS
+
+        r = env.task.requests[0]
+        day = r.reads[0].arguments["date"]
+        guess = "flying" if day == TODAY else "landed"
+        return self.prefix(env.task, reads=self.read) + [
+            f"I checked: flight {r.reads[0].arguments['flight_number']} on {day} {STATUS_WORDS[guess]}. "
+            f"{ANYTHING_ELSE}"]
+
+
+@pytest.mark.parametrize("difficulty", [1, 2])
+def test_a_flight_status_must_be_read_from_the_tool_not_guessed_from_the_date(difficulty):
+    """The look-up levels ask for a flight's status: the oracle scores 1, a date-based guess rarely does."""
+    e = StructuredDataReasoningEnv(domain="airline", difficulty=difficulty)
+    seeds = [s for s in range(200) if (e.reset(seed=s), e.task.requests[0].kind)[1] == "sdr_question:flight_status"]
+    assert len(seeds) >= 25, len(seeds)
+    for s in seeds:
+        assert rollout(e, make_agent("oracle"), seed=s)["reward"] == 1.0, s
+        assert rollout(e, make_agent("tau:wrong_record"), seed=s)["reward"] == 0.0, s
+        assert e.task.requests[0].reads[0].arguments["date"] <= TODAY, s  # never a future flight
+    guessed = [rollout(e, StatusByDate(), seed=s)["reward"] for s in seeds]
+    assert 0 < np.mean(guessed) <= 0.5, np.mean(guessed)  # right only when the likeliest status is the one
+    assert [rollout(e, StatusByDate(read=False), seed=s)["reward"] for s in seeds] == [0.0] * len(seeds)
+    assert rollout(e, EveryCandidate(), seed=seeds[0])["reward"] == 0.0
+    e.close()
+    deeper = StructuredDataReasoningEnv(domain="airline", difficulty=3)
+    assert all((deeper.reset(seed=s), deeper.task.requests[0].kind)[1] != "sdr_question:flight_status"
+               for s in range(60))
+    deeper.close()

@@ -23,9 +23,12 @@ from generators import generate
 from generators.admit import AdmissionConfig
 from generators.workspace import Workspace, WorkspaceError
 from trace_envs import rollout
+from trace_envs.capabilities.structured_data_reasoning import StructuredDataReasoningEnv
 from trace_envs.core.registry import read_registry
 from trace_envs.domains.agents import TauScriptedAgent
 from trace_train.analysis import Thresholds, diagnose
+
+from conftest import MisreadingAgent
 
 pytestmark = pytest.mark.usefixtures("restore_registry")  # generated ids stay out of later tests
 
@@ -160,6 +163,58 @@ def test_focus_families_are_those_the_failed_agent_faced_under_the_rollout_env_k
     diagnose(path, tmp_path / "old", figure=False, thresholds=Thresholds(bootstrap=0))
     old = json.loads((tmp_path / "old" / "specs" / "tool_calling_precision.json").read_text())
     assert old["failure_families"] == spec["failure_families"]
+
+
+def _load_rendered(source: str, tmp_path: Path, name: str):
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_focus_reaches_a_family_that_draws_its_kind_of_task_once_per_episode(tmp_path):
+    """Structured data reasoning draws its request kind once per episode and asks for a flight's status only
+    at its look-up levels: a focus on flight_status lowers the difficulty to such a level, and a focus on a
+    write family (``sdr_change:cancel``) is drawn, rather than the focus being dropped or never met."""
+    from generators.offline import render
+
+    env = gym.make("trace/tau_airline-v0", scenarios=["flight_status"], size={"bundle_prob": 0.0})
+    records = ([rollout(env, MisreadingAgent(), s) for s in range(100, 130)]
+               + [rollout(env, TauScriptedAgent(()), s) for s in range(500, 520)])
+    env.close()
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    result = diagnose(path, tmp_path / "diag", figure=False, thresholds=Thresholds(bootstrap=0))
+    assert result.retained == ["structured_data_reasoning"]
+    spec = json.loads((tmp_path / "diag" / "specs" / "structured_data_reasoning.json").read_text())
+    assert spec["failure_families"] == {"flight_status": 30}
+    # The demo's evidence: coverage 0.19 keeps the default level 3, where no status is asked; level 2 asks it.
+    spec["statistics"]["coverage"] = 0.19
+    rendered = render(spec, env_id="gen/x-v0", run_id="t")
+    assert rendered.notes["focus_families"] == ["flight_status"]
+    assert rendered.notes["difficulty"] == 2 and "hardest level" in rendered.source
+    module = _load_rendered(rendered.source, tmp_path, "focus_status")
+    for focus, spec_families in (("flight_status", None), ("cancel", {"cancel": 4, "info": 2})):
+        if spec_families is not None:
+            module = _load_rendered(render({**spec, "failure_families": spec_families}, env_id="gen/x-v0",
+                                           run_id="t").source, tmp_path, f"focus_{focus}")
+        shares = []
+        for cls in (getattr(module, module.REGISTRATION["class"]), StructuredDataReasoningEnv):
+            e = cls(**module.REGISTRATION["kwargs"])
+            kinds = []
+            for s in range(60):
+                e.reset(seed=s)
+                kinds.append(e.task.requests[0].kind.rsplit(":", 1)[-1])
+            e.close()
+            shares.append(kinds.count(focus) / len(kinds))
+        focused, natural = shares
+        # FOCUS_SHARE = 0.75 of the episodes are redrawn until they are in focus (a bounded number of times:
+        # a rare family such as cancel, 5% of the family's draws, is not always reached).
+        assert focused >= 0.4 and focused >= natural + 0.25, (focus, focused, natural)
 
 
 def test_a_spec_without_a_template_names_the_llm_option(tmp_path):

@@ -377,3 +377,16 @@ def test_cli_model_build(tmp_path, capsys):
         assert main(["model", "bootstrap", "--target", EXAMPLE, "--base", str(tmp_path / "m"), *bad,
                      "--no-progress"]) == 2
         assert ("max_seconds" if bad[0] == "--minutes" else "steps") in capsys.readouterr().err
+
+
+def test_env_accepts_follows_a_constructor_that_hands_its_kwargs_on():
+    """Structured data reasoning's ``__init__(*args, **kwargs)`` hands them to CapabilityEnv, which has no
+    ``scenarios``: the target's ``scenarios`` must not be passed to it (a base warmed up on the target would
+    otherwise crash every rollout in a generated structured-data-reasoning env)."""
+    from trace_train.models import env_accepts
+
+    for env_id in ("trace/structured_data_reasoning-v0", "trace/tool_calling_precision-v0"):
+        assert not env_accepts(env_id, "scenarios"), env_id
+        assert env_accepts(env_id, "difficulty") and env_accepts(env_id, "prompt"), env_id
+    assert env_accepts("trace/tau_airline-v0", "scenarios") and not env_accepts("trace/tau_airline-v0", "difficulty")
+    assert not env_accepts("no/such-v0", "prompt")

@@ -83,10 +83,23 @@ def env_accepts(env_id: str, kwarg: str) -> bool:
 
     try:
         cls = trace_envs.get_entry(env_id).load_class()
-        params = inspect.signature(cls.__init__).parameters
     except Exception:
         return False
-    return kwarg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    # A constructor that takes ``**kwargs`` usually hands them on to its parent's (structured data
+    # reasoning's does): the parent's parameters then decide, up to one that names them all.
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            return False
+        if kwarg in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return True
 
 
 def prompt_env_kwargs(env_id: str, prompt: str = "compact") -> dict:

@@ -41,6 +41,9 @@ Hooks (all optional except ``_build_task`` and ``_score``):
     ``_session_kwargs(difficulty) -> dict``: extra arguments for ``request_session`` (e.g.
         ``{"describe_prob": 0.0}`` so records are always named by id; ``1.0`` to always name them by
         description with a look-alike record present).
+    ``_replan()``: forget what the episode fixed before its first build attempt (structured data
+        reasoning draws its request kind once per episode), so that a subclass that rejects a built task
+        (a generated env's focus) gets a fresh draw.
     ``_score() -> (reward, breakdown)``: the capability reward. Helpers: :meth:`request_outcomes`
         (per-request: write attempted / exact effect / forbidden write attempted / facts said, and the
         agent's unrequested writes) and :meth:`tau_evaluation` (the target's own DB + COMMUNICATE
@@ -214,6 +217,13 @@ class CapabilityEnv(TauEnv):
 
     def _session_kwargs(self, difficulty: int) -> dict:
         return {}
+
+    def _replan(self) -> None:
+        """Forget what this episode fixed before its first build attempt (a family drawn once per episode).
+
+        Called by a subclass that rejects a built task for its own reasons (a generated env's focus) and
+        wants the next attempt to draw anew, not to rebuild the same kind of task. Default: nothing is fixed.
+        """
 
     def _score(self) -> tuple[float, dict]:
         raise NotImplementedError

@@ -25,7 +25,8 @@ from .base import CapabilityEnv
 #: Look-alike records planted next to the target, by difficulty.
 LOOKALIKES = {1: 1, 2: 2, 3: 2, 4: 3, 5: 4}
 #: Question kinds by difficulty (cumulative: each level adds a deeper computation).
-AIRLINE_QUESTIONS = {1: ("paid",), 2: ("paid", "allowance"), 3: ("paid", "allowance", "extra_bags"),
+AIRLINE_QUESTIONS = {1: ("paid", "flight_status"), 2: ("paid", "allowance", "flight_status"),
+                     3: ("paid", "allowance", "extra_bags"),
                      4: ("paid", "allowance", "extra_bags", "upgrade"),
                      5: ("allowance", "extra_bags", "upgrade")}
 RETAIL_QUESTIONS = {1: ("paid",), 2: ("paid", "tracking"), 3: ("paid", "tracking", "refund"),
@@ -201,6 +202,26 @@ def _airline_question(session: Any, kind: str, n_look: int) -> tuple[Request, li
     return request, lookalike_facts
 
 
+def _airline_status_question(session: Any) -> tuple[Request, list[str]]:
+    """The status of a flight the customer names by number and date, read from ``get_flight_status``.
+
+    The look-alike values are the other status words: an agent that does not read the tool's result
+    answers with the status the date makes likely (a flight today is "flying" more often than
+    "on time"), which is this question's misreading. The flight is today's or a past one, whose
+    status the date leaves open (a future flight is always "available"), and the answer counts only
+    after the ``get_flight_status`` call it rests on.
+    """
+    from ..domains.airline.tasks import STATUS_WORDS, TODAY
+
+    # Only today's and past flights: a future flight is always "available", guessable from its date alone.
+    request = session.request("flight_status", accept=lambda q: q.reads[0].arguments["date"] <= TODAY)
+    status = request.communicate[0]
+    others = sorted(s for s in STATUS_WORDS if s != status)
+    misread = others[int(session.g.d.int(0, len(others) - 1))]
+    request.wrong_message = request.message.replace(STATUS_WORDS[status], STATUS_WORDS[misread])
+    return request, others
+
+
 # ==================================================================== retail questions
 def _retail_question(session: Any, kind: str, n_look: int) -> tuple[Request, list[str]]:
     """A question about one of ``n_look + 1`` look-alike orders, named by an item only it contains."""
@@ -336,7 +357,9 @@ class StructuredDataReasoningEnv(CapabilityEnv):
     finds the right one. The request is either
 
     * a **question** (65%) whose answer is read or computed from the target record — airline: the
-      total paid, the free checked-bag allowance (membership × cabin × passengers), the cost of
+      status of a flight named by number and date, today's or a past one (at difficulties 1 and 2:
+      the status word ``get_flight_status`` returned, which must have been called; the look-alikes are
+      the other status words), the total paid, the free checked-bag allowance (membership × cabin × passengers), the cost of
       adding bags (allowance, bags already checked, $50 each), the total cost of an upgrade to
       business (fare per segment from a flight search, minus what was paid, × passengers); retail:
       the amount paid, the tracking number, the refund for returning one item, the price
@@ -393,8 +416,8 @@ class StructuredDataReasoningEnv(CapabilityEnv):
     ## Arguments
     ``domain`` ("airline", "retail", or None: drawn per episode), ``difficulty`` (1–5, default 3):
     the number of look-alike records (1, 2, 2, 3, 4) and the depth of the computation asked —
-    1: amounts paid (a look-up); 2: adds the free-bag allowance (airline) or the tracking number
-    (retail); 3: adds the cost of extra bags / the refund of one returned item; 4: adds the upgrade
+    1: amounts paid and, on airline, a flight's status (look-ups); 2: adds the free-bag allowance
+    (airline) or the tracking number (retail); 3: adds the cost of extra bags / the refund of one returned item; 4: adds the upgrade
     cost (a flight search per segment) / the price difference of an exchange (a product look-up);
     5: the deeper kinds only, with four look-alikes. Changes plant the same number of extra
     records of the account before the request is drawn. Also ``size``, ``db_seed``, ``user``,
@@ -420,6 +443,9 @@ class StructuredDataReasoningEnv(CapabilityEnv):
         self.build_attempts = 0
         return super()._generate_task(options)
 
+    def _replan(self) -> None:
+        self._plan = None
+
     def _draw_plan(self, difficulty: int) -> tuple[str, str]:
         rng = self.np_random
         airline = self.domain_name == "airline"
@@ -440,8 +466,11 @@ class StructuredDataReasoningEnv(CapabilityEnv):
         if what == "change":
             request, facts = self._change(session, n_look, airline, kind)
         else:
-            build = _airline_question if airline else _retail_question
-            request, facts = build(session, kind, n_look)
+            if kind == "flight_status":
+                request, facts = _airline_status_question(session)
+            else:
+                build = _airline_question if airline else _retail_question
+                request, facts = build(session, kind, n_look)
             request.kind = f"sdr_question:{kind}"
         task = session.task([request], scenario=f"sdr:{request.kind}")
         self._check(task, facts)
@@ -504,7 +533,9 @@ class StructuredDataReasoningEnv(CapabilityEnv):
         tried_wrong = False
         if r.decision == "answer":
             kind = "question"
-            reward = 1.0 if clean and not successful else 0.0
+            # A status is a look-up: without the call, a right answer is a guess from the date.
+            looked_up = reads_done or not r.kind.endswith(":flight_status")
+            reward = 1.0 if clean and not successful and looked_up else 0.0
         else:
             kind = "change"
             wrong = r.wrong_write

@@ -162,6 +162,15 @@ class TauTask:
 
 
 # ---------------------------------------------------------------------- uniform request building
+def request_family(kind: str) -> str:
+    """The target family a request kind is about: ``"sdr_change:cancel"`` → ``cancel``, ``cancel`` → ``cancel``.
+
+    Capability envs prefix their request kinds (``sdr_question:flight_status``); the family after the
+    last colon is the target's, which is what a generated env's focus is matched against.
+    """
+    return kind.rsplit(":", 1)[-1]
+
+
 class CannotBuild(Exception):
     """The drawn parameters do not allow the asked-for request here; draw again (the caller retries)."""
 

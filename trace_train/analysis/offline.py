@@ -23,12 +23,14 @@ Capabilities and their rules (τ²-style customer service; the policy is the one
     reservation the request is about. PRESENT when every write was allowed. NA without writes.
 ``structured_data_reasoning``
     LACKING when a write or an answer contradicts the data the agent retrieved: acting on a record
-    that matches the user's description less well than another record it read, a flight that is not
+    that matches the user's description less well than another record it read, a flight status other
+    than the one ``get_flight_status`` returned, a flight that is not
     the cheapest/earliest when the user asked for it, the wrong passenger or item variant, a
     miscomputed bag count, certificate amount, total, fare or count. Products are matched as whole
     phrases whatever punctuation follows them, each product once per order, and a trip described as
-    one-way does not match a round trip. PRESENT when the agent used
-    retrieved data and no such contradiction was found. NA when it retrieved nothing.
+    one-way does not match a round trip. PRESENT when a write or a checkable answer rested on
+    retrieved data and no such contradiction was found. NA when it retrieved nothing, or when nothing
+    it did rested on what it retrieved (reading a profile and then stalling shows no reading error).
 ``multi_step_completion``
     LACKING when the user raises a further request and the agent replies without doing anything
     about it (no tool call, no specific information) — the request is dropped. PRESENT when the user
@@ -228,6 +230,18 @@ class _State:
         return None, []
 
 
+#: Flight statuses and the words an answer states them with.
+_STATUS_NAMES = {"landed": ("landed",), "cancelled": ("cancelled", "canceled"), "delayed": ("delayed",),
+                 "on time": ("on time",), "flying": ("flying", "in the air"), "available": ("available", "scheduled")}
+
+
+def _statuses_named(text: str) -> set[str]:
+    """The flight statuses a message states (``"is in the air"`` names ``flying``)."""
+    low = text.lower()
+    return {status for status, words in _STATUS_NAMES.items()
+            if any(re.search(rf"\b{re.escape(w)}\b", low) for w in words)}
+
+
 def _cue_score(request: str, record: dict, other_ids: set[str]) -> int:
     """How many of the user's descriptive cues (airport codes, dates, product names) the record carries."""
     cues = set()
@@ -347,8 +361,11 @@ class _TauLabeler:
             out["precondition_verification"] = Verdict(NA, "no write attempted")
         if reasoning:
             out["structured_data_reasoning"] = Verdict(LACKING, "; ".join(reasoning))
-        elif self.state.reads:
+        elif self.state.reads and checked:
             out["structured_data_reasoning"] = Verdict(PRESENT, f"{checked} decision(s) consistent with the data")
+        elif self.state.reads:
+            # Data was read but no write or answer rested on it: nothing shows whether it was read right.
+            out["structured_data_reasoning"] = Verdict(NA, "no write or answer rested on the data it read")
         else:
             out["structured_data_reasoning"] = Verdict(NA, "no data retrieved")
         if len(requests) < 2:
@@ -584,6 +601,16 @@ class _TauLabeler:
                 if not _close(amounts[0], min(prices)):
                     return f"answered ${amounts[0]} as the cheapest fare; the search shows ${min(prices)}"
                 return False
+        m = re.search(r"status of flight (\w+)(?: on (\d{4}-\d{2}-\d{2}))?", request, re.I)
+        if m:
+            number, day = m.group(1), m.group(2)
+            read = [s for (n, d), s in st.status.items() if n == number and (day is None or d == day)]
+            named = _statuses_named(said)
+            if read and named:
+                if read[-1] in named:
+                    return False
+                return (f"answered that flight {number} is {' / '.join(sorted(named))}; get_flight_status "
+                        f"returned {read[-1]!r}")
         m = re.search(r"pay in total for reservation (\w+)", request, re.I)
         if m and m.group(1) in st.records and amounts:
             total = sum(p.get("amount", 0) for p in st.records[m.group(1)].get("payment_history", []))

@@ -685,7 +685,8 @@ def _compensation(g: _Gen) -> Request:
                    done_message=f"A certificate of {money(amount)} has been added to your profile.")
 
 
-_STATUS_WORDS = {"landed": "has landed", "cancelled": "was cancelled", "delayed": "is delayed",
+#: How the oracle states each flight status to the customer.
+STATUS_WORDS = {"landed": "has landed", "cancelled": "was cancelled", "delayed": "is delayed",
                  "on time": "is on time", "flying": "is in the air (flying)", "available": "is scheduled (available)"}
 
 
@@ -697,7 +698,7 @@ def _flight_status(g: _Gen) -> Request:
         raise Retry
     day = TODAY if TODAY in days and d.chance(0.6) else d.pick(days)
     status = g.status(number, day)["status"]
-    phrase = f"flight {number} on {day} {_STATUS_WORDS.get(status, status)}"
+    phrase = f"flight {number} on {day} {STATUS_WORDS.get(status, status)}"
     return Request("flight_status", f"What is the status of flight {number} on {day}?", "answer",
                    reads=[Call("get_flight_status", {"flight_number": number, "date": day})],
                    communicate=[status], details=f"Flight {number}, on {day}.",
