@@ -30,6 +30,9 @@ def _write(tmp_path, text: str):
     ("rollout: {seeds: '0:50'}\nevaluate: {seeds: '40:60'}", "evaluate.seeds and rollout.seeds share 10 seeds"),
     ("evaluate: {ks: [1, 4]}", "evaluate.ks has k=4 > evaluate.samples=1"),
     ("[1, 2]", "the config must be a mapping"),
+    ("compose: {options: {train: {lr: 0.01, epoch: 4}}}", "compose.options.train: unknown router training setting(s) "
+                                                          "['epoch']; known: accumulate, epochs"),
+    ("compose: {options: {train: {epochs: 0}}}", "compose.options.train: epochs must be >= 1"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:

@@ -36,6 +36,8 @@ SECONDS_PER_ADMISSION = 60.0          # issue 14's goal for admitting one genera
 SECONDS_PER_GRPO_STEP_TINY = 8.0
 SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
 SECONDS_PER_ROUTER_RUN_TINY = 60.0
+#: Warm-up steps on two torch threads against one (16 steps of the default's 8k-token rows: 19.6 s vs 28.0 s).
+SFT_TWO_THREAD_SPEEDUP = 1.4
 SECONDS_BOOTSTRAP_SETUP = 120.0       # building the tiny model and collecting ~3,600 oracle episodes
 
 
@@ -151,7 +153,8 @@ def estimate_base(ctx) -> tuple[float | None, str]:
         return None, str(exc)
     if _cached_base(tiny_base_cache_dir(bcfg)):
         return 1.0, "tiny base warm-up cached (by content)"
-    train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * SECONDS_PER_SFT_STEP_TINY
+    per_step = SECONDS_PER_SFT_STEP_TINY / (SFT_TWO_THREAD_SPEEDUP if bcfg.threads >= 2 else 1.0)
+    train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * per_step
     budget = f"{train / 60:.0f} min budget" if bcfg.max_seconds else f"{bcfg.steps} steps"
     return SECONDS_BOOTSTRAP_SETUP + train, (f"warm-up of the {bcfg.preset} model on {bcfg.target} "
                                              f"({budget}; cached afterwards)")

@@ -58,8 +58,21 @@ class ComposeResult:
     labelled_envs: dict[str, str] = field(default_factory=dict)
 
 
+def router_config(train: RouterTrainConfig | Mapping[str, Any] | None) -> RouterTrainConfig | None:
+    """``train`` as a :class:`RouterTrainConfig` (a dict names its fields; an unknown one is a :class:`ComposeError`)."""
+    if train is None or isinstance(train, RouterTrainConfig):
+        return train
+    if not isinstance(train, Mapping):
+        raise ComposeError(f"router training settings must be a mapping of RouterTrainConfig fields, got {train!r}")
+    fields = set(RouterTrainConfig.__dataclass_fields__)
+    unknown = sorted(set(train) - fields)
+    if unknown:
+        raise ComposeError(f"unknown router training setting(s) {unknown}; known: {', '.join(sorted(fields))}")
+    return RouterTrainConfig(**train)
+
+
 def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data: str | Path | Sequence[Any] | None,
-            out: str | Path, top_k: int = 1, train: RouterTrainConfig | None = None,
+            out: str | Path, top_k: int = 1, train: RouterTrainConfig | Mapping[str, Any] | None = None,
             adapter_envs: Mapping[str, Sequence[str]] | None = None, baselines: Sequence[str] = BASELINES,
             min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
             base_bias: float = 5.0, threads: int | None = 1, device: str = "cpu",
@@ -74,7 +87,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             (the composed model is then the base model).
         out: output folder.
         top_k: slots per token (1 = the paper's default; 2, 4 for the ablation).
-        train: router training settings (:class:`RouterTrainConfig`; FACTS.md §1 defaults).
+        train: router training settings: a :class:`RouterTrainConfig` or a dict of its fields (a YAML
+            config's ``compose.options.train``); FACTS.md §1 defaults.
         adapter_envs: adapter name -> env ids whose episodes it labels (default: the envs in the
             adapter's ``trace_adapter.json``, written by ``trace train``; else the env whose capability is
             the adapter's name, e.g. ``trace/precondition_verification-v0``).
@@ -93,6 +107,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     unknown = set(baselines) - set(BASELINES)
     if unknown:
         raise ComposeError(f"unknown baselines {sorted(unknown)}; choose from {', '.join(BASELINES)}")
+    train = router_config(train)
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
