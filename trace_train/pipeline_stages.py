@@ -27,15 +27,15 @@ logger = logging.getLogger(__name__)
 SECONDS_PER_SCRIPTED_EPISODE = 0.05
 # A batch of b tiny-model episodes generated together (compact τ² prompt, ≤ 16 turns of ≤ 96 tokens) takes about
 # SECONDS_PER_TINY_BATCH + b × SECONDS_PER_TINY_EPISODE_IN_BATCH on one thread: decoding steps, not batch width,
-# are most of the cost (measured: 40 episodes in ~2 min, 2026-12-01).
-SECONDS_PER_TINY_BATCH = 60.0
+# are most of the cost (measured: 40 episodes in 96 s; 9 methods x 40 held-out episodes, two at once, in 439 s).
+SECONDS_PER_TINY_BATCH = 40.0
 SECONDS_PER_TINY_EPISODE_IN_BATCH = 1.5
 SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 requests in flight
 SECONDS_PER_LABEL_OFFLINE = 0.01
-SECONDS_PER_ADMISSION = 60.0          # issue 14's goal for admitting one generated τ² env
+SECONDS_PER_ADMISSION = 15.0          # an offline template's env admits in ~4 s under bubblewrap; LLM retries cost more
 SECONDS_PER_GRPO_STEP_TINY = 8.0
 SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
-SECONDS_PER_ROUTER_RUN_TINY = 60.0
+SECONDS_PER_ROUTER_RUN_TINY = 15.0    # gates over 2 adapters on 16 oracle episodes, with the merges: 16 s
 #: Warm-up steps on two torch threads against one (16 steps of the default's 8k-token rows: 19.6 s vs 28.0 s).
 SFT_TWO_THREAD_SPEEDUP = 1.4
 SECONDS_BOOTSTRAP_SETUP = 120.0       # building the tiny model and collecting ~3,600 oracle episodes
