@@ -455,6 +455,7 @@ def plot_reward_curve(log_csv: Path, path: Path, title: str) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = read_log(log_csv)
     if not rows:
@@ -465,9 +466,12 @@ def plot_reward_curve(log_csv: Path, path: Path, title: str) -> Path | None:
     informative = [1.0 - (r["frac_reward_zero_std"] or 0.0) for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, mean, marker="o", ms=3, label="reward (mean over the step's rollouts)")
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    # rewards live in [0, 1]: the ± std band is drawn inside it
+    ax.fill_between(steps, [max(0.0, m - s) for m, s in zip(mean, std)], [min(1.0, m + s) for m, s in zip(mean, std)],
+                    alpha=0.2)
     ax.plot(steps, informative, ls="--", color="tab:green", label="informative groups (share)")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("reward / share")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(title, fontsize=10)
