@@ -499,8 +499,8 @@ def embedded_default(**overrides: Any) -> RunConfig:
     never); 480 steps left a fresh tiny build unable to copy ids (0 of 40). Both cores work: the adapters
     and baselines train two at a time, and the methods are evaluated two at a time, each process on one
     torch thread (the fastest for this model). The warm-up trains on one thread too: two train it 1.4x
-    faster but round differently, and the base they made solved 0 of the 40 diagnosis episodes. ``docs/demo/`` holds the report of a run of exactly this
-    config; the README says what it reached.
+    faster but round differently, and the base they made solved 0 of the 40 diagnosis episodes.
+    ``docs/demo/`` holds the report of a run of exactly this config; the README says what it reached.
     """
     target_kwargs = {"scenarios": ["flight_status", "info", "cancel"], "size": {"bundle_prob": 0.0}}
     data = {

@@ -359,9 +359,9 @@ class StructuredDataReasoningEnv(CapabilityEnv):
     * a **question** (65%) whose answer is read or computed from the target record — airline: the
       status of a flight named by number and date, today's or a past one (at difficulties 1 and 2:
       the status word ``get_flight_status`` returned, which must have been called; the look-alikes are
-      the other status words), the total paid, the free checked-bag allowance (membership × cabin × passengers), the cost of
-      adding bags (allowance, bags already checked, $50 each), the total cost of an upgrade to
-      business (fare per segment from a flight search, minus what was paid, × passengers); retail:
+      the other status words), the total paid, the free checked-bag allowance (membership × cabin ×
+      passengers), the cost of adding bags (allowance, bags already checked, $50 each), the total
+      cost of an upgrade to business (fare per segment from a flight search, minus what was paid, × passengers); retail:
       the amount paid, the tracking number, the refund for returning one item, the price
       difference of an exchange to a described variant; or
     * a **change** (35%) drawn from the domain's request builders in their data-reasoning
@@ -417,7 +417,8 @@ class StructuredDataReasoningEnv(CapabilityEnv):
     ``domain`` ("airline", "retail", or None: drawn per episode), ``difficulty`` (1–5, default 3):
     the number of look-alike records (1, 2, 2, 3, 4) and the depth of the computation asked —
     1: amounts paid and, on airline, a flight's status (look-ups); 2: adds the free-bag allowance
-    (airline) or the tracking number (retail); 3: adds the cost of extra bags / the refund of one returned item; 4: adds the upgrade
+    (airline) or the tracking number (retail); 3: adds the cost of extra bags / the refund of one
+    returned item (the status question is gone from here on); 4: adds the upgrade
     cost (a flight search per segment) / the price difference of an exchange (a product look-up);
     5: the deeper kinds only, with four look-alikes. Changes plant the same number of extra
     records of the account before the request is drawn. Also ``size``, ``db_seed``, ``user``,
