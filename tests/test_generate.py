@@ -26,6 +26,7 @@ from trace_envs import rollout
 from trace_envs.capabilities.structured_data_reasoning import StructuredDataReasoningEnv
 from trace_envs.core.registry import read_registry
 from trace_envs.domains.agents import TauScriptedAgent
+from trace_envs.domains.task import request_family
 from trace_train.analysis import Thresholds, diagnose
 
 from conftest import MisreadingAgent
@@ -208,7 +209,7 @@ def test_the_focus_reaches_a_family_that_draws_its_kind_of_task_once_per_episode
             kinds = []
             for s in range(60):
                 e.reset(seed=s)
-                kinds.append(e.task.requests[0].kind.rsplit(":", 1)[-1])
+                kinds.append(request_family(e.task.requests[0].kind))
             e.close()
             shares.append(kinds.count(focus) / len(kinds))
         focused, natural = shares

@@ -19,7 +19,7 @@ from typing import Any
 from ..core.conversation import tool_calls_of
 from ..core.tools import ToolSet
 from ..domains.db import same_state
-from ..domains.task import CannotBuild, Call, Request, RequestSession, TauTask
+from ..domains.task import CannotBuild, Call, Request, RequestSession, TauTask, request_family
 from .base import CapabilityEnv
 
 #: Look-alike records planted next to the target, by difficulty.
@@ -535,7 +535,7 @@ class StructuredDataReasoningEnv(CapabilityEnv):
         if r.decision == "answer":
             kind = "question"
             # A status is a look-up: without the call, a right answer is a guess from the date.
-            looked_up = reads_done or not r.kind.endswith(":flight_status")
+            looked_up = reads_done or request_family(r.kind) != "flight_status"
             reward = 1.0 if clean and not successful and looked_up else 0.0
         else:
             kind = "change"
