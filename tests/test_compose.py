@@ -280,3 +280,25 @@ def test_generate_follows_the_forced_expert_and_agent_loads_the_folder(setup, tm
                          {"role": "user", "content": "Cancel reservation ABC123."}], "tools": []}
     assert isinstance(agent.model, ComposedModel)
     assert agent("Cancel reservation ABC123.", info) == plain("Cancel reservation ABC123.", info)  # fresh = base
+
+
+def test_an_adapter_whose_update_is_zero_is_told_from_a_trained_one(setup, tmp_path):
+    from trace_train.compose.adapters import adapter_update_is_zero
+
+    base, adapters, _ = setup
+    assert not adapter_update_is_zero(adapters["cap0"])  # random A and B: a real update
+    # PEFT's default init (B = 0) saved untouched: what GRPO with only flat groups leaves behind.
+    model = AutoModelForCausalLM.from_pretrained(base)
+    fresh = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    fresh.save_pretrained(str(tmp_path / "fresh"))
+    assert adapter_update_is_zero(tmp_path / "fresh")
+    ids = tokens(base)
+    with torch.no_grad():
+        assert torch.equal(peft_logits(base, str(tmp_path / "fresh"), ids),
+                           AutoModelForCausalLM.from_pretrained(base).eval()(ids).logits)
+    # One B entry moved by one step is a real update again.
+    with torch.no_grad():
+        next(p for n, p in fresh.named_parameters() if "lora_B" in n).view(-1)[0] = 1e-3
+    fresh.save_pretrained(str(tmp_path / "moved"))
+    assert not adapter_update_is_zero(tmp_path / "moved")
+    assert not adapter_update_is_zero(tmp_path)  # no adapter weights at all: not known to be zero

@@ -199,3 +199,46 @@ def test_stages_whose_part_is_missing_are_marked_in_the_plan_and_the_report(tmp_
         assert by_method[label][1] == "not in this run", label
         assert "the train stage is not available in this build" in by_method[label][-1], by_method[label]
     assert "not available in this build" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_an_adapter_with_a_zero_update_reuses_the_base_episodes_which_are_its_own(tmp_path, model_dir):
+    """An adapter whose every GRPO group was flat is the base model: evaluate reuses the base's greedy
+    episodes for it (and says so), and they are exactly what evaluating it would have given."""
+    torch = pytest.importorskip("torch")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.agents import HFAgent
+    from trace_train.pipeline import Context
+    from trace_train.pipeline_stages import SAME_AS_BASE_NOTE, run_evaluate
+    from trace_train.rollouts import read_trajectories, run_rollouts
+
+    env, seeds = "examples/warehouse_stock-v0", [0, 1]
+    adapters = {}
+    for name, init in (("flat", True), ("moved", False)):  # PEFT's B = 0 init, and a random (trained-like) one
+        torch.manual_seed(0)
+        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                              LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=init))
+        peft.save_pretrained(str(tmp_path / name))
+        adapters[name] = str(tmp_path / name)
+    cfg = config_from_dict({"out": str(tmp_path / "run"), "base": {"kind": "hf", "model": model_dir, "max_new_tokens": 8},
+                            "rollout": {"targets": [env], "seeds": "100:102", "env_kwargs": {"max_episode_steps": 3}},
+                            "evaluate": {"seeds": seeds, "methods": ["base", "adapters"]}})
+    done = lambda summary: {"status": "done", "summary": summary}  # noqa: E731
+    state = {"stages": {"base": done({"model_path": model_dir}), "train": done({"adapters": adapters}),
+                        "compose": {"status": "pending"}}}
+    ctx = Context(cfg, tmp_path / "run", state, progress=False)
+    _, summary = run_evaluate(ctx)
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())["methods"]
+    assert results["adapter:flat"]["note"] == SAME_AS_BASE_NOTE and results["adapter:moved"]["note"] == ""
+    base = read_trajectories(tmp_path / "run" / "eval" / "base" / "trajectories.jsonl")
+    reused = read_trajectories(tmp_path / "run" / "eval" / "adapter_flat" / "trajectories.jsonl")
+    assert {r["agent"] for r in reused} == {"adapter:flat"}
+    # The claim behind the reuse: the flat adapter, evaluated for real, plays exactly the base's episodes.
+    agent = HFAgent(model_dir, adapter=adapters["flat"], max_new_tokens=8)
+    fresh = run_rollouts([env], agent, seeds, out=tmp_path / "fresh.jsonl", in_flight=16, progress=False,
+                         env_kwargs={"max_episode_steps": 3})
+    assert fresh.total == len(seeds)
+    actions = lambda records: sorted((r["seed"], json.dumps(r["messages"], sort_keys=True)) for r in records)  # noqa: E731
+    assert actions(read_trajectories(tmp_path / "fresh.jsonl")) == actions(base) == actions(reused)
+    assert summary["methods"]["adapter:flat"] == summary["methods"]["base"]

@@ -680,9 +680,10 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
     results: dict[str, dict] = {}
     base_traj = ctx.path("eval", "base", "trajectories.jsonl")
     rows = method_agents(ctx)
+    same_as_base = _same_weights_as_base(ctx, [key for key, _, make, _, _ in rows if make is not None])
     jobs = []
     for key, label, make, spent, note in rows:
-        if make is None:
+        if make is None or key in same_as_base:
             continue
         kwargs = (make_base_agent(ctx)[1] if key == "base" else model_env_kwargs_fn(model, r.env_kwargs))
         per_env = {env_id: kwargs(env_id) for env_id in r.targets}
@@ -691,7 +692,11 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
                          env_kwargs=per_env, progress=ctx.progress))
     _run_method_rollouts(jobs, e.workers)
     outs = {job["key"]: job["out"] for job in jobs}
+    for key in same_as_base:
+        outs[key] = _episodes_as(base_traj, ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), key)
     for key, label, make, spent, note in rows:
+        if key in same_as_base:
+            note = SAME_AS_BASE_NOTE
         row: dict[str, Any] = {"label": label, "rollouts_spent": spent, "note": note}
         if make is None:
             results[key] = row | {"available": False}
@@ -710,6 +715,44 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
     return ["eval"], {"methods": {k: (v.get("overall", {}).get("pass@1") or {}).get("value")
                                   for k, v in results.items() if v.get("available")},
                       "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
+
+
+#: The note of a result row whose episodes are the base's (see :func:`_same_weights_as_base`).
+SAME_AS_BASE_NOTE = ("its LoRA update is exactly zero (every GRPO group was flat), so it is the base model: "
+                     "the base's greedy episodes are its episodes")
+
+
+def _same_weights_as_base(ctx, keys: list[str]) -> set[str]:
+    """The methods among ``keys`` that are the base model itself: an adapter (single, multi or SFT) on the
+    base's own weights whose LoRA update is exactly zero (:func:`~trace_train.compose.adapters.adapter_update_is_zero`).
+
+    Greedy decoding of the same weights with the same settings gives the same episodes, so evaluating such a
+    method again only spends minutes; its row reuses the base's episodes and says so. Only when the base row
+    is the local model the adapters were trained on, and only for greedy evaluation (samples drawn in
+    another process would not be the same draws).
+    """
+    from trace_train.compose.adapters import adapter_update_is_zero
+
+    b, e = ctx.cfg.base, ctx.cfg.evaluate
+    if "base" not in keys or b.kind not in ("tiny", "hf") or e.temperature > 0 or not ctx.done("train"):
+        return set()
+    if ctx.summary("base").get("model_path") != base_model_path(ctx):
+        return set()  # the adapters were trained on another model (train.model)
+    train = ctx.summary("train")
+    dirs = {f"adapter:{cap}": a for cap, a in train.get("adapters", {}).items()}
+    dirs |= {k: a for k, a in train.get("baselines", {}).items()}
+    return {k for k in keys if k in dirs and adapter_update_is_zero(dirs[k])}
+
+
+def _episodes_as(source: Path, out: Path, agent: str) -> Path:
+    """A copy of the trajectory file ``source`` at ``out``, its episodes renamed to agent ``agent``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for line in source.read_text().splitlines():
+        if line.strip():
+            lines.append(json.dumps({**json.loads(line), "agent": agent}))
+    out.write_text("\n".join(lines) + "\n")
+    return out
 
 
 def _method_rollouts(key, make, targets, seeds, samples, out, in_flight, env_kwargs, progress) -> str:

@@ -182,3 +182,26 @@ def extract_experts(base: Any, refs: list[AdapterRef]):
         block_of(name)
     plain = peft_model.unload()
     return plain, experts
+
+
+def adapter_update_is_zero(path: str | Path) -> bool:
+    """Whether a LoRA adapter changes nothing: in every adapted module ``A`` or ``B`` is exactly zero.
+
+    PEFT starts ``B`` at zero, and GRPO whose every group was flat (all rewards equal, no advantage) never
+    moves it, so such an adapter computes exactly the base's function (``W x + 0``). False for a folder
+    without ``adapter_model.safetensors`` or with anything besides LoRA matrices (it cannot be sure).
+    """
+    from safetensors import safe_open
+
+    weights = Path(path) / "adapter_model.safetensors"
+    if not weights.is_file():
+        return False
+    pairs: dict[str, dict[str, bool]] = {}
+    with safe_open(str(weights), framework="pt") as f:
+        for key in f.keys():
+            side = "A" if ".lora_A." in key else "B" if ".lora_B." in key else None
+            if side is None:
+                return False  # biases, embeddings or whole modules saved: not a pure low-rank update
+            module = key.split(f".lora_{side}.")[0]
+            pairs.setdefault(module, {})[side] = not bool(f.get_tensor(key).any())
+    return bool(pairs) and all(sides.get("A", False) or sides.get("B", False) for sides in pairs.values())
