@@ -242,3 +242,41 @@ def test_an_adapter_with_a_zero_update_reuses_the_base_episodes_which_are_its_ow
     actions = lambda records: sorted((r["seed"], json.dumps(r["messages"], sort_keys=True)) for r in records)  # noqa: E731
     assert actions(read_trajectories(tmp_path / "fresh.jsonl")) == actions(base) == actions(reused)
     assert summary["methods"]["adapter:flat"] == summary["methods"]["base"]
+
+
+def test_rollout_workers_split_the_seeds_and_play_the_episodes_one_process_plays(tmp_path, model_dir):
+    """rollout.workers: 2 rolls the base out in two processes, each on half the seeds, joined into one file;
+    the episodes are the ones a single process plays."""
+    from trace_train.pipeline import Context
+    from trace_train.pipeline_stages import run_rollout
+    from trace_train.rollouts import read_trajectories
+
+    runs = {}
+    for workers in (1, 2):
+        cfg = config_from_dict({"out": str(tmp_path / f"w{workers}"),
+                                "base": {"kind": "hf", "model": model_dir, "max_new_tokens": 8},
+                                "rollout": {"targets": ["examples/warehouse_stock-v0"], "seeds": "100:105",
+                                            "workers": workers, "env_kwargs": {"max_episode_steps": 3}}})
+        state = {"stages": {"base": {"status": "done", "summary": {"model_path": model_dir}}}}
+        _, summary = run_rollout(Context(cfg, tmp_path / f"w{workers}", state, progress=False))
+        assert summary["episodes"] == 5
+        out = tmp_path / f"w{workers}" / "rollouts"
+        assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == ["trajectories.jsonl"]
+        runs[workers] = read_trajectories(out / "trajectories.jsonl")
+    by_seed = {w: {r["seed"]: r["messages"] for r in records} for w, records in runs.items()}
+    assert sorted(by_seed[2]) == list(range(100, 105)) and by_seed[2] == by_seed[1]
+
+
+def test_only_the_last_rounds_jobs_are_split_and_a_whole_output_is_never_split(tmp_path):
+    from trace_train.pipeline_stages import _split_last_round
+
+    jobs = [{"key": k, "seeds": list(range(10)), "out": tmp_path / f"{k}.jsonl"} for k in "abc"]
+    groups = _split_last_round(jobs, 2)
+    assert [len(g) for g in groups] == [1, 1, 2]  # a and b side by side, then c's seeds on both workers
+    assert [p["seeds"] for p in groups[2]] == [list(range(5)), list(range(5, 10))]
+    assert [p["out"].name for p in groups[2]] == ["c.part0.jsonl", "c.part1.jsonl"]
+    assert [len(g) for g in _split_last_round(jobs[:2], 2)] == [1, 1]
+    (tmp_path / "c.jsonl").write_text("")  # c ran whole before an interruption: it resumes whole
+    (tmp_path / "c.part0.jsonl").write_text("{}\n")  # a part a finished join left behind
+    assert [len(g) for g in _split_last_round(jobs, 2)] == [1, 1, 1]
+    assert not (tmp_path / "c.part0.jsonl").exists()

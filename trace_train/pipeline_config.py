@@ -118,6 +118,9 @@ class RolloutSection:
         in_flight: episodes open at once (batched generation for local models).
         env_kwargs: ``gym.make`` kwargs of the targets (a local model's own defaults, e.g. the compact
             prompt it was warmed up on, apply first).
+        workers: processes a local base agent (``tiny``, ``hf``) rolls out in, each on its share of the
+            seeds with its own copy of the model (on ``base.threads`` threads): 2 uses both cores of a
+            2-core CPU. The episodes are the same as in one process; only the time changes.
     """
 
     targets: list = field(default_factory=lambda: ["trace/tau_airline-v0"])
@@ -125,6 +128,7 @@ class RolloutSection:
     samples: int = 1
     in_flight: int = 16
     env_kwargs: dict = field(default_factory=dict)
+    workers: int = 1
 
     def validate(self) -> None:
         if not self.targets:
@@ -132,6 +136,7 @@ class RolloutSection:
         parse_seeds("rollout.seeds", self.seeds)
         _at_least("rollout.samples", self.samples, 1)
         _at_least("rollout.in_flight", self.in_flight, 1)
+        _at_least("rollout.workers", self.workers, 1)
 
 
 @dataclass
@@ -509,7 +514,7 @@ def embedded_default(**overrides: Any) -> RunConfig:
             "target": "trace/tau_airline-v0", "train_seeds": 4000, "pretrain_frac": 0.5, "steps": 800,
             "max_length": 8192, "env_kwargs": target_kwargs, "scenario_shares": {"cancel": 0.1}}},
         # One request per conversation takes the oracle under 10 turns: 16 caps what a lost base spends.
-        "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "in_flight": 40,
+        "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "in_flight": 40, "workers": 2,
                     "env_kwargs": {**target_kwargs, "max_episode_steps": 16}},
         "diagnose": {"max_capabilities": 2},
         "train": {"max_steps": 1000, "max_minutes": 1.5, "sft_steps": 40, "workers": 2,

@@ -237,17 +237,28 @@ def model_env_kwargs_fn(model: str | None, extra: dict | None = None):
     return kwargs
 
 
+def base_agent_factory(ctx, temperature: float | None = None):
+    """A no-argument callable that builds the base agent; for a local model a partial of
+    :class:`~trace_train.agents.HFAgent`, which pickles, so a worker process can build its own copy."""
+    b = ctx.cfg.base
+    if b.kind in ("tiny", "hf"):
+        from trace_train.agents import HFAgent
+
+        return functools.partial(HFAgent, ctx.summary("base")["model_path"], threads=b.threads, device=b.device,
+                                 max_new_tokens=b.max_new_tokens,
+                                 temperature=b.temperature if temperature is None else temperature,
+                                 seed=ctx.cfg.seed, name="base")
+    return lambda: make_base_agent(ctx, temperature=temperature)[0]
+
+
 def make_base_agent(ctx, temperature: float | None = None):
     """The base agent of the run and its ``env_id -> env kwargs`` function."""
     b = ctx.cfg.base
     temp = b.temperature if temperature is None else temperature
     extra = ctx.cfg.rollout.env_kwargs
     if b.kind in ("tiny", "hf"):
-        from trace_train.agents import HFAgent
-
         model = ctx.summary("base")["model_path"]
-        return (HFAgent(model, threads=b.threads, device=b.device, max_new_tokens=b.max_new_tokens,
-                        temperature=temp, seed=ctx.cfg.seed, name="base"), model_env_kwargs_fn(model, extra))
+        return base_agent_factory(ctx, temp)(), model_env_kwargs_fn(model, extra)
     if b.kind == "openai":
         from trace_train.agents import OpenAIChatAgent
 
@@ -269,27 +280,47 @@ def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
 
 
 def run_rollout(ctx) -> tuple[list[str], dict]:
-    from trace_train.rollouts import run_rollouts
+    from trace_train.rollouts import read_trajectories, run_rollouts
 
     r = ctx.cfg.rollout
     _check_targets(ctx)
-    agent, env_kwargs = make_base_agent(ctx)
+    seeds = parse_seeds("rollout.seeds", r.seeds)
     out = ctx.path("rollouts", "trajectories.jsonl")
+    if r.workers > 1 and ctx.cfg.base.kind in ("tiny", "hf"):
+        # Several processes, each on a share of the seeds (resumable in its own part file), joined into one.
+        model = ctx.summary("base")["model_path"]
+        kwargs = model_env_kwargs_fn(model, r.env_kwargs)
+        before = len(read_trajectories(out))
+        _run_method_rollouts([dict(key="base", make=base_agent_factory(ctx), targets=list(r.targets), seeds=seeds,
+                                   samples=r.samples, out=out, in_flight=r.in_flight,
+                                   env_kwargs={env_id: kwargs(env_id) for env_id in r.targets},
+                                   progress=ctx.progress)], r.workers)
+        records = read_trajectories(out)
+        rewards = [float(rec.get("reward") or 0.0) for rec in records]
+        summary = {"episodes": len(records), "resumed_from": before,
+                   "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+                   "success_rate": sum(bool(rec.get("success")) for rec in records) / len(records) if records else 0.0}
+        return ["rollouts/trajectories.jsonl"], summary | {"targets": list(r.targets)}
+    agent, env_kwargs = make_base_agent(ctx)
     try:
-        summary = run_rollouts(r.targets, agent, parse_seeds("rollout.seeds", r.seeds), samples=r.samples, out=out,
-                               in_flight=r.in_flight, env_kwargs=env_kwargs, progress=ctx.progress, agent_name="base")
+        result = run_rollouts(r.targets, agent, seeds, samples=r.samples, out=out, in_flight=r.in_flight,
+                              env_kwargs=env_kwargs, progress=ctx.progress, agent_name="base")
     finally:
         close = getattr(agent, "close", None)
         if callable(close):
             close()
     return ["rollouts/trajectories.jsonl"], {
-        "episodes": summary.total, "resumed_from": summary.skipped, "mean_reward": summary.mean_reward,
-        "success_rate": summary.success_rate, "targets": list(r.targets)}
+        "episodes": result.total, "resumed_from": result.skipped, "mean_reward": result.mean_reward,
+        "success_rate": result.success_rate, "targets": list(r.targets)}
 
 
 def estimate_rollout(ctx) -> tuple[float | None, str]:
     r = ctx.cfg.rollout
     n = len(r.targets) * len(parse_seeds("rollout.seeds", r.seeds)) * r.samples
+    if r.workers > 1 and ctx.cfg.base.kind in ("tiny", "hf"):
+        workers = min(r.workers, n)
+        return (_episodes_seconds(ctx, math.ceil(n / workers), r.in_flight),
+                f"{n} episodes of the base agent, {workers} processes")
     return _episodes_seconds(ctx, n, r.in_flight), f"{n} episodes of the base agent"
 
 
@@ -625,11 +656,7 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     rows: list[tuple[str, str, Any, int, str]] = []
     wanted = set(e.methods)
     if "base" in wanted:
-        make_base = (functools.partial(HFAgent, ctx.summary("base")["model_path"], threads=b.threads, device=b.device,
-                                       max_new_tokens=b.max_new_tokens, temperature=e.temperature,
-                                       seed=ctx.cfg.seed, name="base")
-                     if b.kind in ("tiny", "hf") else lambda: make_base_agent(ctx, temperature=e.temperature)[0])
-        rows.append(("base", "base", make_base, 0, ""))
+        rows.append(("base", "base", base_agent_factory(ctx, e.temperature), 0, ""))
     if "sft" in wanted:
         a = train.get("baselines", {}).get("sft")
         rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("sft", 0),
@@ -792,9 +819,51 @@ def _worker_pool(workers: int):
                                initializer=_die_with_parent)
 
 
+def _part_path(out: Path, i: int) -> Path:
+    return out.with_name(f"{out.stem}.part{i}{out.suffix}")
+
+
+def _split_last_round(jobs: list[dict], workers: int) -> list[list[dict]]:
+    """The jobs as groups of parts: a job of the last round, which would leave workers idle (9 methods on 2
+    workers end with one running alone), is split by seeds into parts that run side by side; every other
+    job is one part. A job whose output file already exists (a run that stopped after it finished or while
+    it ran unsplit) is never split: it resumes in its own file."""
+    tail = len(jobs) % workers
+    groups = [[job] for job in jobs]
+    if workers <= 1 or tail == 0:
+        return groups
+    n_parts = workers // tail
+    for g, job in enumerate(jobs[len(jobs) - tail:], len(jobs) - tail):
+        seeds = list(job["seeds"])
+        if job["out"].exists():  # whole already: parts left by a join that was interrupted are spent
+            for i in range(n_parts):
+                _part_path(job["out"], i).unlink(missing_ok=True)
+            continue
+        if n_parts < 2 or len(seeds) < n_parts:
+            continue
+        size = math.ceil(len(seeds) / n_parts)
+        groups[g] = [{**job, "seeds": seeds[i * size:(i + 1) * size], "out": _part_path(job["out"], i)}
+                     for i in range(n_parts) if seeds[i * size:(i + 1) * size]]
+    return groups
+
+
+def _join_parts(parts: list[dict], out: Path) -> None:
+    """The parts' episodes into ``out``, part after part, then the parts removed."""
+    tmp = out.with_name(out.name + ".joining")
+    with open(tmp, "wb") as f:
+        for part in parts:
+            f.write(part["out"].read_bytes())
+    tmp.replace(out)
+    for part in parts:
+        part["out"].unlink(missing_ok=True)
+        part["out"].with_name(part["out"].name + ".lock").unlink(missing_ok=True)
+
+
 def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
     """Every job's rollouts: in this process, or ``workers`` at a time in worker processes (spawned, so no torch
-    state is forked). A job whose agent cannot be sent to a worker (a scripted or endpoint base) runs here."""
+    state is forked). A job whose agent cannot be sent to a worker (a scripted or endpoint base) runs here.
+    The last round's jobs are split by seeds so that no worker idles (:func:`_split_last_round`); an
+    interrupted split job resumes in its parts."""
     import pickle
 
     parallel = []
@@ -804,8 +873,9 @@ def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
             parallel.append(job)
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
-    if workers <= 1 or len(parallel) <= 1:
-        parallel = []
+    groups = _split_last_round(parallel, workers) if workers > 1 else []
+    if sum(len(group) for group in groups) <= 1:  # one process would do all of it: this one
+        parallel, groups = [], []
     local = [job for job in jobs if not any(job is p for p in parallel)]
     for job in local:
         _method_rollouts(**job)
@@ -813,13 +883,20 @@ def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
         return
     from concurrent.futures import as_completed
 
-    logger.info("evaluating %d methods in %d worker processes", len(parallel), workers)
+    logger.info("rolling out %d agents in %d worker processes", len(parallel), workers)
     with _worker_pool(workers) as pool:
-        futures = [pool.submit(_method_rollouts, **{**job, "progress": False}) for job in parallel]
-        for done, future in enumerate(as_completed(futures), 1):
-            key = future.result()
+        futures = {pool.submit(_method_rollouts, **{**part, "progress": False}): g
+                   for g, group in enumerate(groups) for part in group}
+        left = [len(group) for group in groups]
+        for future in as_completed(futures):
+            key, g = future.result(), futures[future]
+            left[g] -= 1
+            if left[g]:
+                continue
+            if len(groups[g]) > 1:
+                _join_parts(groups[g], parallel[g]["out"])
             if jobs[0]["progress"]:
-                print(f"  evaluated {key} ({done}/{len(futures)})", flush=True)
+                print(f"  rolled out {key} ({sum(n == 0 for n in left)}/{len(groups)})", flush=True)
 
 
 def _write_results(path: Path, results: dict, seeds: list[int], e) -> None:
