@@ -144,3 +144,24 @@ def test_a_flight_status_other_than_the_one_the_tool_returned_is_a_reading_error
                                size={"bundle_prob": 0.0}):
         assert not r["success"], r["seed"]
         assert labels["structured_data_reasoning"].label == "NA", (r["seed"], labels["structured_data_reasoning"])
+
+
+def test_an_episode_ended_by_unreadable_tool_calls_lacks_tool_calling_precision():
+    """An agent whose calls never parse (a tiny model copying garbage into the JSON) leaves no message
+    behind them: the env ends the episode on too many rejected turns, and that is the evidence."""
+
+    class Garbled:
+        def __call__(self, observation, info):
+            if len(info["messages"]) < 3:  # greet and ask for the user id like the oracle does
+                return "Welcome! Could you please tell me your user id?"
+            return '<tool_call>\n{"name": "get_user_details", "arguments": {"user_id": "j_type": "one_way"}}\n</tool_call>'
+
+    episodes = _episodes(AIRLINE, Garbled(), range(4))
+    for record, labels in episodes:
+        assert record["termination"] == "too_many_errors"
+        assert not any(m.get("tool_calls") for m in record["messages"])  # the unreadable calls left nothing
+        assert labels["tool_calling_precision"].label == "LACKING", labels["tool_calling_precision"]
+        assert "rejected turns" in labels["tool_calling_precision"].reason
+    # Ending well, or on the step cap, is not that evidence: the oracle stays PRESENT.
+    oracle = _episodes(AIRLINE, TauScriptedAgent(), range(4))
+    assert all(labels["tool_calling_precision"].label == "PRESENT" for _, labels in oracle)

@@ -10,7 +10,9 @@ Capabilities and their rules (τ²-style customer service; the policy is the one
 
 ``tool_calling_precision``
     LACKING when a tool call fails on its arguments (wrong type, missing field, an id that does not
-    exist, malformed JSON, unknown tool) and the agent never makes that call succeed afterwards.
+    exist, malformed JSON, unknown tool) and the agent never makes that call succeed afterwards, or
+    when the episode ended on too many rejected turns in a row (termination ``too_many_errors``: an
+    action the env could not read leaves no message, so the termination is the evidence).
     PRESENT when the agent called tools and every such failure was fixed. NA without tool calls.
 ``precondition_verification``
     LACKING when the agent attempts a write the policy forbids given the records it had read (a
@@ -347,7 +349,15 @@ class _TauLabeler:
 
         calls = [e for e in self.events if e.kind == "call"]
         out: dict[str, Verdict] = {}
-        if not calls:
+        if self.record.get("termination") == "too_many_errors":
+            # The env ended the episode on a run of rejected turns: actions it could not read as a message or
+            # a tool call (malformed JSON, several calls at once) or failing calls, never corrected. An
+            # unreadable action leaves no message in the transcript, so the termination is the evidence.
+            last = precision_errors and f"; last: {list(precision_errors.values())[-1]}"
+            out["tool_calling_precision"] = Verdict(
+                LACKING, "the episode ended on too many rejected turns in a row (malformed or failing tool calls, "
+                         f"never corrected){last or ''}")
+        elif not calls:
             out["tool_calling_precision"] = Verdict(NA, "no tool calls")
         elif precision_errors:
             out["tool_calling_precision"] = Verdict(LACKING, "; ".join(precision_errors.values()))
