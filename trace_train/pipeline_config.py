@@ -496,22 +496,25 @@ def embedded_default(**overrides: Any) -> RunConfig:
     """The run ``trace run`` does with no config: the whole loop on CPU with the tiny model, small real budgets.
 
     The base agent is the ``tiny`` model warmed up here (cached by its config, so only the first run pays
-    for it) for 800 SFT steps — a step budget, so the same base on any machine — on the airline target's
-    one-request oracle episodes of three families: ``flight_status`` and ``info`` in full and ``cancel``
+    for it) for 1200 SFT steps on two torch threads — a step budget, so the same base on machines of one
+    CPU type (another CPU rounds differently, and the base with it) — on the airline target's one-request
+    oracle episodes of three families: ``flight_status`` and ``info`` in full and ``cancel``
     under-represented (a tenth of its episodes), the recipe of ``bench/bootstrap_curve.py``. Its gaps come
     from how it was trained — families it saw often against a family it saw rarely — never from reading the
-    answer. Measured: it solves 8 of the 40 diagnosis episodes (``flight_status`` sometimes, the others
-    never); 480 steps left a fresh tiny build unable to copy ids (0 of 40). Both cores work: the adapters
-    and baselines train two at a time, and the methods are evaluated two at a time, each process on one
-    torch thread (the fastest for this model). The warm-up trains on one thread too: two train it 1.4x
-    faster but round differently, and the base they made solved 0 of the 40 diagnosis episodes.
-    ``docs/demo/`` holds the report of a run of exactly this config; the README says what it reached.
+    answer. Measured: it solves 9 of the 40 diagnosis episodes (``flight_status`` sometimes, the others
+    never). Copying ids is what the warm-up learns last, and fewer steps sit on the edge of it: 480 steps
+    left a fresh tiny build unable to copy a user id (0 of 40), and 800 steps gave 8 of 40 on one machine,
+    2 of 40 on another and 0 of 40 on two threads. Both cores work: the warm-up on two threads (1200
+    steps in 880 s, against 800 in 927 s on one), the base's rollouts in two processes, the adapters and
+    baselines two at a time, and the methods evaluated two at a time, each process on one torch thread
+    (the fastest for this model's inference). ``docs/demo/`` holds the report of a run of exactly this
+    config; the README says what it reached.
     """
     target_kwargs = {"scenarios": ["flight_status", "info", "cancel"], "size": {"bundle_prob": 0.0}}
     data = {
         "out": "runs/trace",
         "base": {"kind": "tiny", "preset": "tiny", "max_new_tokens": 96, "bootstrap": {
-            "target": "trace/tau_airline-v0", "train_seeds": 4000, "pretrain_frac": 0.5, "steps": 800,
+            "target": "trace/tau_airline-v0", "train_seeds": 4000, "pretrain_frac": 0.5, "steps": 1200, "threads": 2,
             "max_length": 8192, "env_kwargs": target_kwargs, "scenario_shares": {"cancel": 0.1}}},
         # One request per conversation takes the oracle under 10 turns: 16 caps what a lost base spends.
         "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "in_flight": 40, "workers": 2,
