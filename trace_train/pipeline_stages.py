@@ -291,7 +291,8 @@ def run_rollout(ctx) -> tuple[list[str], dict]:
         # Several processes, each on a share of the seeds (resumable in its own part file), joined into one.
         model = ctx.summary("base")["model_path"]
         kwargs = model_env_kwargs_fn(model, r.env_kwargs)
-        before = len(read_trajectories(out))
+        # Episodes already played before an interruption: in the joined file, or in the parts of a split run.
+        before = sum(len(read_trajectories(path)) for path in [out, *(_part_path(out, i) for i in range(r.workers))])
         _run_method_rollouts([dict(key="base", make=base_agent_factory(ctx), targets=list(r.targets), seeds=seeds,
                                    samples=r.samples, out=out, in_flight=r.in_flight,
                                    env_kwargs={env_id: kwargs(env_id) for env_id in r.targets},
