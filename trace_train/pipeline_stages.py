@@ -239,33 +239,33 @@ def model_env_kwargs_fn(model: str | None, extra: dict | None = None):
 
 
 def base_agent_factory(ctx, temperature: float | None = None):
-    """A no-argument callable that builds the base agent; for a local model a partial of
-    :class:`~trace_train.agents.HFAgent`, which pickles, so a worker process can build its own copy."""
+    """A no-argument callable that builds the base agent (at ``temperature``, default ``base.temperature``).
+
+    For a local model it is a partial of :class:`~trace_train.agents.HFAgent`, which pickles, so a worker
+    process can build its own copy; a scripted or endpoint base is built where it runs.
+    """
     b = ctx.cfg.base
+    temp = b.temperature if temperature is None else temperature
     if b.kind in ("tiny", "hf"):
         from trace_train.agents import HFAgent
 
         return functools.partial(HFAgent, ctx.summary("base")["model_path"], threads=b.threads, device=b.device,
-                                 max_new_tokens=b.max_new_tokens,
-                                 temperature=b.temperature if temperature is None else temperature,
-                                 seed=ctx.cfg.seed, name="base")
-    return lambda: make_base_agent(ctx, temperature=temperature)[0]
-
-
-def make_base_agent(ctx, temperature: float | None = None):
-    """The base agent of the run and its ``env_id -> env kwargs`` function."""
-    b = ctx.cfg.base
-    temp = b.temperature if temperature is None else temperature
-    extra = ctx.cfg.rollout.env_kwargs
-    if b.kind in ("tiny", "hf"):
-        model = ctx.summary("base")["model_path"]
-        return base_agent_factory(ctx, temp)(), model_env_kwargs_fn(model, extra)
+                                 max_new_tokens=b.max_new_tokens, temperature=temp, seed=ctx.cfg.seed, name="base")
     if b.kind == "openai":
         from trace_train.agents import OpenAIChatAgent
 
-        return (OpenAIChatAgent(b.model, base_url=b.base_url, api_key=b.api_key, temperature=temp,
-                                max_tokens=b.max_new_tokens), lambda env_id: dict(extra))
-    return _scripted_agent(b, ctx.cfg.seed), lambda env_id: dict(extra)
+        return lambda: OpenAIChatAgent(b.model, base_url=b.base_url, api_key=b.api_key, temperature=temp,
+                                       max_tokens=b.max_new_tokens)
+    return lambda: _scripted_agent(b, ctx.cfg.seed)
+
+
+def base_env_kwargs_fn(ctx):
+    """``env_id -> gym.make kwargs`` of the base agent's episodes: a local model's own (e.g. the compact prompt
+    it was warmed up on), then ``rollout.env_kwargs``."""
+    extra = ctx.cfg.rollout.env_kwargs
+    if ctx.cfg.base.kind in ("tiny", "hf"):
+        return model_env_kwargs_fn(ctx.summary("base")["model_path"], extra)
+    return lambda env_id: dict(extra)
 
 
 def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
@@ -281,39 +281,27 @@ def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
 
 
 def run_rollout(ctx) -> tuple[list[str], dict]:
-    from trace_train.rollouts import read_trajectories, run_rollouts
+    from trace_train.rollouts import read_trajectories
 
     r = ctx.cfg.rollout
     _check_targets(ctx)
-    seeds = parse_seeds("rollout.seeds", r.seeds)
     out = ctx.path("rollouts", "trajectories.jsonl")
-    if r.workers > 1 and ctx.cfg.base.kind in ("tiny", "hf"):
-        # Several processes, each on a share of the seeds (resumable in its own part file), joined into one.
-        model = ctx.summary("base")["model_path"]
-        kwargs = model_env_kwargs_fn(model, r.env_kwargs)
-        # Episodes already played before an interruption: in the joined file, or in the parts of a split run.
-        before = sum(len(read_trajectories(path)) for path in [out, *(_part_path(out, i) for i in range(r.workers))])
-        _run_method_rollouts([dict(key="base", make=base_agent_factory(ctx), targets=list(r.targets), seeds=seeds,
-                                   samples=r.samples, out=out, in_flight=r.in_flight,
-                                   env_kwargs={env_id: kwargs(env_id) for env_id in r.targets},
-                                   progress=ctx.progress)], r.workers)
-        records = read_trajectories(out)
-        rewards = [float(rec.get("reward") or 0.0) for rec in records]
-        summary = {"episodes": len(records), "resumed_from": before,
-                   "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                   "success_rate": sum(bool(rec.get("success")) for rec in records) / len(records) if records else 0.0}
-        return ["rollouts/trajectories.jsonl"], summary | {"targets": list(r.targets)}
-    agent, env_kwargs = make_base_agent(ctx)
-    try:
-        result = run_rollouts(r.targets, agent, seeds, samples=r.samples, out=out, in_flight=r.in_flight,
-                              env_kwargs=env_kwargs, progress=ctx.progress, agent_name="base")
-    finally:
-        close = getattr(agent, "close", None)
-        if callable(close):
-            close()
+    kwargs = base_env_kwargs_fn(ctx)
+    # Episodes already played before an interruption: in the file, or in the parts of a split run.
+    before = sum(len(read_trajectories(path)) for path in [out, *(_part_path(out, i) for i in range(r.workers))])
+    # In this process, or (rollout.workers, a local model) in several, each on a share of the seeds and
+    # resumable in its own part file, joined into one.
+    _run_method_rollouts([dict(key="base", make=base_agent_factory(ctx), targets=list(r.targets),
+                               seeds=parse_seeds("rollout.seeds", r.seeds), samples=r.samples, out=out,
+                               in_flight=r.in_flight, env_kwargs={env_id: kwargs(env_id) for env_id in r.targets},
+                               progress=ctx.progress)], r.workers)
+    records = read_trajectories(out)
+    rewards = [float(rec.get("reward") or 0.0) for rec in records]
     return ["rollouts/trajectories.jsonl"], {
-        "episodes": result.total, "resumed_from": result.skipped, "mean_reward": result.mean_reward,
-        "success_rate": result.success_rate, "targets": list(r.targets)}
+        "episodes": len(records), "resumed_from": before,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        "success_rate": sum(bool(rec.get("success")) for rec in records) / len(records) if records else 0.0,
+        "targets": list(r.targets)}
 
 
 def estimate_rollout(ctx) -> tuple[float | None, str]:
@@ -714,7 +702,7 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
     for key, label, make, spent, note in rows:
         if make is None or key in same_as_base:
             continue
-        kwargs = (make_base_agent(ctx)[1] if key == "base" else model_env_kwargs_fn(model, r.env_kwargs))
+        kwargs = base_env_kwargs_fn(ctx) if key == "base" else model_env_kwargs_fn(model, r.env_kwargs)
         per_env = {env_id: kwargs(env_id) for env_id in r.targets}
         jobs.append(dict(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
                          out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), in_flight=e.in_flight,

@@ -353,10 +353,10 @@ class _TauLabeler:
             # The env ended the episode on a run of rejected turns: actions it could not read as a message or
             # a tool call (malformed JSON, several calls at once) or failing calls, never corrected. An
             # unreadable action leaves no message in the transcript, so the termination is the evidence.
-            last = precision_errors and f"; last: {list(precision_errors.values())[-1]}"
+            last = f"; last: {list(precision_errors.values())[-1]}" if precision_errors else ""
             out["tool_calling_precision"] = Verdict(
                 LACKING, "the episode ended on too many rejected turns in a row (malformed or failing tool calls, "
-                         f"never corrected){last or ''}")
+                         f"never corrected){last}")
         elif not calls:
             out["tool_calling_precision"] = Verdict(NA, "no tool calls")
         elif precision_errors:
