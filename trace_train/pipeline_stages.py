@@ -763,12 +763,10 @@ def _same_weights_as_base(ctx, keys: list[str]) -> set[str]:
 
 def _episodes_as(source: Path, out: Path, agent: str) -> Path:
     """A copy of the trajectory file ``source`` at ``out``, its episodes renamed to agent ``agent``."""
+    from trace_train.rollouts import jsonl_line, read_trajectories
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for line in source.read_text().splitlines():
-        if line.strip():
-            lines.append(json.dumps({**json.loads(line), "agent": agent}))
-    out.write_text("\n".join(lines) + "\n")
+    out.write_bytes(b"".join(jsonl_line({**record, "agent": agent}) for record in read_trajectories(source)))
     return out
 
 
