@@ -44,7 +44,7 @@ def _guessed_writes(task):
 
 @pytest.fixture(scope="module")
 def env():
-    e = MultiStepCompletionEnv()
+    e = MultiStepCompletionEnv(version=0)
     yield e
     e.close()
 
@@ -114,7 +114,7 @@ def test_1000_seeds_give_at_least_950_distinct_tasks(env):
 
 def test_isolates_its_capability():
     """The agent lacking multi-step completion scores low; agents lacking the others score high."""
-    scores = deficit_scores(MultiStepCompletionEnv(), range(100))
+    scores = deficit_scores(MultiStepCompletionEnv(version=0), range(100))
     for capability, score in scores.items():
         if capability == "multi_step_completion":
             assert score <= 0.36, score
@@ -125,7 +125,7 @@ def test_isolates_its_capability():
 @pytest.mark.parametrize("domain", ["airline", "retail"])
 @pytest.mark.parametrize("difficulty", [1, 2, 3, 4, 5])
 def test_every_difficulty_and_domain(domain, difficulty):
-    e = MultiStepCompletionEnv(domain=domain, difficulty=difficulty)
+    e = MultiStepCompletionEnv(version=0, domain=domain, difficulty=difficulty)
     lo, hi = REQUESTS[difficulty]
     for seed in range(8):
         t = rollout(e, trace_envs.OracleAgent(), seed=seed)
@@ -137,7 +137,7 @@ def test_every_difficulty_and_domain(domain, difficulty):
 @pytest.mark.parametrize("bad", [0, 6, 2.5, "x"])
 def test_difficulty_is_validated(bad):
     with pytest.raises(ValueError, match="difficulty"):
-        MultiStepCompletionEnv(difficulty=bad)
+        MultiStepCompletionEnv(version=0, difficulty=bad)
 
 
 def test_conformance_in_the_retail_domain():

@@ -43,7 +43,7 @@ def _guessed_write(task):
 
 @pytest.fixture(scope="module")
 def env():
-    e = PreconditionVerificationEnv()
+    e = PreconditionVerificationEnv(version=0)
     yield e
     e.close()
 
@@ -89,7 +89,7 @@ def test_1000_seeds_give_at_least_950_distinct_tasks(env):
 
 def test_isolates_its_capability():
     """The agent lacking precondition verification scores low; agents lacking the others score high."""
-    scores = deficit_scores(PreconditionVerificationEnv(), range(150))
+    scores = deficit_scores(PreconditionVerificationEnv(version=0), range(150))
     for capability, score in scores.items():
         if capability == "precondition_verification":
             assert score <= 0.5, score
@@ -100,7 +100,7 @@ def test_isolates_its_capability():
 @pytest.mark.parametrize("domain", ["airline", "retail"])
 @pytest.mark.parametrize("difficulty", [1, 2, 3, 4, 5])
 def test_every_difficulty_and_domain(domain, difficulty):
-    e = PreconditionVerificationEnv(domain=domain, difficulty=difficulty)
+    e = PreconditionVerificationEnv(version=0, domain=domain, difficulty=difficulty)
     decisions = set()
     for seed in range(12):
         t = rollout(e, trace_envs.OracleAgent(), seed=seed)
@@ -112,7 +112,7 @@ def test_every_difficulty_and_domain(domain, difficulty):
 
 def test_false_claims_appear_at_high_difficulty():
     texts = []
-    e = PreconditionVerificationEnv(domain="airline", difficulty=5)
+    e = PreconditionVerificationEnv(version=0, domain="airline", difficulty=5)
     for seed in range(40):
         e.reset(seed=seed)
         if e.task.requests[0].decision == "refuse":
@@ -124,16 +124,16 @@ def test_false_claims_appear_at_high_difficulty():
 @pytest.mark.parametrize("bad", [0, 6, 2.5, "3", True])
 def test_difficulty_is_validated(bad):
     with pytest.raises(ValueError, match="difficulty"):
-        PreconditionVerificationEnv(difficulty=bad)
+        PreconditionVerificationEnv(version=0, difficulty=bad)
 
 
 def test_domain_is_validated():
     with pytest.raises(ValueError, match="domain"):
-        PreconditionVerificationEnv(domain="telecom")
+        PreconditionVerificationEnv(version=0, domain="telecom")
 
 
 def test_forbidden_write_scores_zero_and_silent_refusal_half():
-    e = PreconditionVerificationEnv(domain="retail")
+    e = PreconditionVerificationEnv(version=0, domain="retail")
     seed = next(s for s in range(50) if (e.reset(seed=s), e.task.requests[0].decision)[1] == "refuse")
     t = rollout(e, TauScriptedAgent(["precondition_verification"]), seed=seed)
     assert t["reward"] == 0.0 and t["reward_breakdown"]["forbidden_write"]

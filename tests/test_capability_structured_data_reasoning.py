@@ -25,7 +25,7 @@ N = 500
 
 @pytest.fixture(scope="module")
 def env():
-    e = StructuredDataReasoningEnv(domain=None)  # the domain drawn per episode: both targets
+    e = StructuredDataReasoningEnv(version=0, domain=None)  # the domain drawn per episode: both targets
     yield e
     e.close()
 
@@ -116,7 +116,7 @@ def _rewards(env, agent, n=N):
 def test_registered_and_made_through_gym():
     entry = trace_envs.get_entry(ENV_ID)
     assert entry.kind == "capability" and entry.capability == "structured_data_reasoning"
-    assert entry.target == "tau_airline" and entry.kwargs == {"domain": "airline"}
+    assert entry.target == "tau_airline" and entry.kwargs == {"domain": "airline", "version": 0}
     e = gym.make(ENV_ID)
     assert rollout(e, make_agent("oracle"), seed=0)["reward_breakdown"]["domain"] == "airline"
     e = gym.make(ENV_ID, domain="retail")
@@ -177,7 +177,7 @@ def test_sloppy_arguments_keeps_question_credit_and_half_on_changes(env):
 @pytest.mark.parametrize("domain", ["airline", "retail"])
 @pytest.mark.parametrize("difficulty", [1, 2, 3, 4, 5])
 def test_every_difficulty_and_domain(domain, difficulty):
-    e = StructuredDataReasoningEnv(domain=domain, difficulty=difficulty)
+    e = StructuredDataReasoningEnv(version=0, domain=domain, difficulty=difficulty)
     kinds = set()
     for s in range(6):
         t = rollout(e, make_agent("oracle"), seed=s)
@@ -197,7 +197,7 @@ def test_stated_matches_whole_values_only():
 
 
 def test_lookalike_value_costs_the_answer():
-    e = StructuredDataReasoningEnv(domain="airline", difficulty=2)
+    e = StructuredDataReasoningEnv(version=0, domain="airline", difficulty=2)
     seed = next(s for s in range(40) if (e.reset(seed=s), e.task.requests[0].decision)[1] == "answer")
 
     class RightThenLookalike(_Plan):
@@ -213,7 +213,7 @@ def test_lookalike_value_costs_the_answer():
 @pytest.mark.parametrize("bad", [0, 6, "3"])
 def test_difficulty_is_validated(bad):
     with pytest.raises(ValueError, match="difficulty"):
-        StructuredDataReasoningEnv(difficulty=bad)
+        StructuredDataReasoningEnv(version=0, difficulty=bad)
 
 
 def test_conformance_in_the_retail_domain():
@@ -245,7 +245,7 @@ class StatusByDate(_Plan):
 @pytest.mark.parametrize("difficulty", [1, 2])
 def test_a_flight_status_must_be_read_from_the_tool_not_guessed_from_the_date(difficulty):
     """The look-up levels ask for a flight's status: the oracle scores 1, a date-based guess rarely does."""
-    e = StructuredDataReasoningEnv(domain="airline", difficulty=difficulty)
+    e = StructuredDataReasoningEnv(version=0, domain="airline", difficulty=difficulty)
     seeds = [s for s in range(200) if (e.reset(seed=s), e.task.requests[0].kind)[1] == "sdr_question:flight_status"]
     assert len(seeds) >= 25, len(seeds)
     for s in seeds:
@@ -257,7 +257,7 @@ def test_a_flight_status_must_be_read_from_the_tool_not_guessed_from_the_date(di
     assert [rollout(e, StatusByDate(read=False), seed=s)["reward"] for s in seeds] == [0.0] * len(seeds)
     assert rollout(e, EveryCandidate(), seed=seeds[0])["reward"] == 0.0
     e.close()
-    deeper = StructuredDataReasoningEnv(domain="airline", difficulty=3)
+    deeper = StructuredDataReasoningEnv(version=0, domain="airline", difficulty=3)
     assert all((deeper.reset(seed=s), deeper.task.requests[0].kind)[1] != "sdr_question:flight_status"
                for s in range(60))
     deeper.close()

@@ -21,7 +21,7 @@ def test_demo_recovers_the_base_agents_planted_gaps(tmp_path, capsys):
     assert len(lines) == 120 and all(json.loads(line)["agent"] == "base" for line in lines)
     # Step 3: each retained capability's environment scores the base agent below the oracle.
     for capability in summary["retained"]:
-        row = next(line for line in text.splitlines() if line.startswith(f"trace/{capability}-v0"))
+        row = next(line for line in text.splitlines() if line.startswith(f"trace/{capability}-v1"))
         base, oracle = (float(v) for v in row.split()[1:3])
         assert base < 0.75 and oracle == 1.0, row
 

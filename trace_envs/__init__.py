@@ -25,7 +25,7 @@ from .core import (
     tool,
 )
 from .core.checker import check_trace_env
-from .core.registry import load_default_registries
+from .core.registry import latest_capability_id, load_default_registries
 from .rollout import rollout
 
 __version__ = "0.1.0"
@@ -34,6 +34,7 @@ load_default_registries()
 
 __all__ = [
     "EnvEntry", "OracleAgent", "RandomAgent", "RegistryError", "ScriptedAgent", "ToolError", "TraceEnv",
-    "UnicodeText", "check_trace_env", "get_entry", "load_registry", "make_agent", "register_agent", "registered",
+    "UnicodeText", "check_trace_env", "get_entry", "latest_capability_id", "load_registry", "make_agent",
+    "register_agent", "registered",
     "rollout", "tool",
 ]

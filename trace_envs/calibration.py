@@ -60,6 +60,8 @@ class Group:
     seed: int
     rewards: list[float]
     successes: list[bool]
+    #: For a decision env (act or refuse, e.g. precondition_verification): the seed's gold decision.
+    decision: str | None = None
 
     @property
     def kind(self) -> str:
@@ -99,6 +101,8 @@ class CalibrationReport:
     pass_hat: dict[int, float]
     per_group: list[Group] = field(default_factory=list, repr=False)
     seconds: float = 0.0
+    #: For a decision env: success on allowed and on must-refuse requests, and their mean (:func:`decision_accuracy`).
+    decisions: dict | None = None
 
     @property
     def pass_at_1(self) -> float:
@@ -142,6 +146,11 @@ class CalibrationReport:
                 ("pass@1", f"{self.pass_at[1]:.3f}", "")]
         if k > 1:
             rows += [(f"pass@{k}", f"{self.pass_at[k]:.3f}", ""), (f"pass^{k}", f"{self.pass_hat[k]:.3f}", "")]
+        if self.decisions:
+            d = self.decisions
+            rows += [("success: allowed", f"{d['allowed']['success']:.3f} (n={d['allowed']['n']})", ""),
+                     ("success: must refuse", f"{d['must_refuse']['success']:.3f} (n={d['must_refuse']['n']})", ""),
+                     ("balanced accuracy", f"{d['balanced_accuracy']:.3f}", "")]
         ok = {n: good for n, _, _, _, good in self.checks()}
         marks = {"mean reward": ok["mean_reward"], "success rate": ok["success_rate"], "all-0 groups": ok["all_zero"],
                  "all-1 groups": ok["all_one"], "informative groups": ok["informative"]}
@@ -153,6 +162,35 @@ class CalibrationReport:
             lines.append(f"{name.ljust(width)}  {value.ljust(vwidth)}  {target.ljust(7)}{mark}".rstrip())
         lines.append(f"calibration band (FACTS §1, for a base model): {'inside' if self.in_band else 'outside'}")
         return "\n".join(lines)
+
+
+def record_decision(record: dict) -> str | None:
+    """The gold decision of a trajectory record's task (``act``/``refuse``), when its env is a decision env."""
+    task = record.get("task") if isinstance(record.get("task"), dict) else {}
+    decision = task.get("decision") or (record.get("reward_breakdown") or {}).get("decision")
+    return decision if decision in ("act", "refuse") else None
+
+
+def decision_accuracy(records: Iterable[dict]) -> dict | None:
+    """Success on allowed (``act``) and on must-refuse requests apart, and their mean (balanced accuracy).
+
+    A decision env balances the two, so a policy that always takes one decision scores 0.5 balanced
+    accuracy at best whatever the mix, and learning the decision shows apart from learning the prior.
+    ``records``: trajectory records, or dicts with ``decision`` and ``success``. None when no record has a decision.
+    """
+    counts = {"act": [0, 0], "refuse": [0, 0]}
+    for r in records:
+        decision = r["decision"] if "decision" in r else record_decision(r)
+        if decision in counts:
+            counts[decision][0] += 1
+            counts[decision][1] += int(bool(r.get("success")))
+    if not any(n for n, _ in counts.values()):
+        return None
+    rate = {k: (ok / n if n else 0.0) for k, (n, ok) in counts.items()}
+    present = [rate[k] for k, (n, _) in counts.items() if n]
+    return {"allowed": {"n": counts["act"][0], "success": rate["act"]},
+            "must_refuse": {"n": counts["refuse"][0], "success": rate["refuse"]},
+            "balanced_accuracy": sum(present) / len(present)}
 
 
 def summarize_groups(groups: Sequence[Group], *, env_id: str = "", agent: str = "", difficulty: int | None = None,
@@ -174,13 +212,16 @@ def summarize_groups(groups: Sequence[Group], *, env_id: str = "", agent: str = 
     kinds = [g.kind for g in groups]
     share = {name: kinds.count(name) / len(groups) for name in ("all_zero", "all_one", "flat", "informative")}
     counts = [(sum(bool(s) for s in g.successes), k) for g in groups]
-    return CalibrationReport(
+    report = CalibrationReport(
         env_id=env_id, agent=agent, groups=len(groups), group_size=k, difficulty=difficulty, seed_offset=seed_offset,
         mean_reward=mean, reward_std=std,
         success_rate=sum(bool(s) for g in groups for s in g.successes) / len(rewards),
         pass_at={j: sum(pass_at_k(c, n, j) for c, n in counts) / len(counts) for j in range(1, k + 1)},
         pass_hat={j: pass_hat_k(counts, j) for j in range(1, k + 1)},
         per_group=list(groups), seconds=seconds, **share)
+    report.decisions = decision_accuracy(
+        {"decision": g.decision, "success": ok} for g in groups for ok in g.successes)
+    return report
 
 
 def summarize(records: Iterable[dict], *, env_id: str | None = None, agent: str | None = None,
@@ -198,7 +239,7 @@ def summarize(records: Iterable[dict], *, env_id: str | None = None, agent: str 
     if len(envs) > 1:
         raise ValueError(f"records of several envs ({sorted(envs)}); pass env_id= to pick one")
     for r in sorted(records, key=lambda r: (int(r["seed"]), int(r.get("sample", 0)))):
-        g = by_seed.setdefault(int(r["seed"]), Group(int(r["seed"]), [], []))
+        g = by_seed.setdefault(int(r["seed"]), Group(int(r["seed"]), [], [], record_decision(r)))
         g.rewards.append(float(r["reward"]))
         g.successes.append(bool(r.get("success")))
     groups = [by_seed[s] for s in sorted(by_seed)]
@@ -275,14 +316,15 @@ def run_calibration(env: str, agent: str | Callable[[int], Any], groups: int, gr
         out = []
         for g in range(groups):
             seed = seed_offset + g
-            rewards, successes = [], []
+            rewards, successes, decision = [], [], None
             for member in members:
                 record = rollout(made, member, seed=seed)
                 rewards.append(float(record["reward"]))
                 successes.append(bool(record["success"]))
+                decision = record_decision(record)
                 if bar is not None:
                     bar.update(1)
-            out.append(Group(seed, rewards, successes))
+            out.append(Group(seed, rewards, successes, decision))
     finally:
         made.close()
         if bar is not None:
@@ -302,6 +344,9 @@ DEFICIT_AGENTS = {
 }
 #: Isolation thresholds: the agent lacking the env's capability scores at most LOW, every other one at least HIGH.
 LOW, HIGH = 0.5, 0.75
+#: Capabilities every write rests on: an agent lacking one fails any env that needs an exact write once attempts
+#: earn nothing (the ``-v1`` rewards), so its deficit agent is held to no floor on the other envs.
+PREREQUISITES = frozenset({"tool_calling_precision"})
 
 
 def deficit_rewards(env: str, seeds: Iterable[int], *, difficulty: int | None = None,
@@ -327,8 +372,9 @@ def isolation_problems(capability: str, rewards: dict, low: float = LOW, high: f
     """Why ``rewards`` (agent -> mean reward) do not show that the env isolates ``capability`` (empty: it does).
 
     The deficit agent lacking ``capability`` must score at most ``low``; the oracle and the deficit
-    agents lacking other capabilities at least ``high``. Agents not in :data:`DEFICIT_AGENTS` (other
-    than ``oracle``) are ignored.
+    agents lacking other capabilities at least ``high``, except those lacking a :data:`PREREQUISITES`
+    capability (every write needs it). Agents not in :data:`DEFICIT_AGENTS` (other than ``oracle``) are
+    ignored.
     """
     problems = []
     for agent, value in rewards.items():
@@ -338,7 +384,7 @@ def isolation_problems(capability: str, rewards: dict, low: float = LOW, high: f
         if lacking == capability:
             if value > low:
                 problems.append(f"{agent} lacks {capability} but scores {value:.3f} > {low}")
-        elif value < high:
+        elif value < high and lacking not in PREREQUISITES:
             problems.append(f"{agent} does not lack {capability} but scores {value:.3f} < {high}")
     return problems
 
@@ -354,4 +400,4 @@ def _bar(total: int, desc: str, enabled: bool):
 
 
 __all__ = ["CRITERIA", "DEFICIT_AGENTS", "HIGH", "LOW", "CalibrationReport", "Group", "deficit_rewards",
-           "isolation_problems", "make_seeded_agent", "pass_at_k", "run_calibration", "summarize", "summarize_groups"]
+           "isolation_problems", "PREREQUISITES", "decision_accuracy", "record_decision", "make_seeded_agent", "pass_at_k", "run_calibration", "summarize", "summarize_groups"]

@@ -51,6 +51,14 @@ Hooks (all optional except ``_build_task`` and ``_score``):
     ``_make_user(task)``: the simulated user (default: the domain's ``ScriptedUser``).
     ``oracle()``: default: the scripted gold path of ``self.task`` (reward 1.0 by construction of the
         task; every env's test checks it on 500 seeds).
+
+Versions (``version`` argument; the registry pins it per id): ``0`` is each env as first published under
+``-v0``. ``1`` (the default, ``-v1`` ids) pays only for evidence of the skill: a decision earns credit only
+when the agent read the records it rests on first (:attr:`RequestOutcome.informed`), a refusal only when
+the agent read them and then told the customer (:attr:`RequestOutcome.refused_informed`), and no env
+pays for attempting a write, for a decision taken without its evidence or for ending politely. The
+cheapest policies that do not use the records (``generators.probes.blind_probe_agents``) score at most
+0.05 on every v1 env at every difficulty, which the tests measure over 500 seeds.
     ``task_info()``: the base returns the target's labels plus ``domain``, ``difficulty`` and
         ``capability``; extend it with env-specific labels.
 
@@ -139,6 +147,12 @@ class RequestOutcome:
             successful or not; with neither, any write call counts.
         communicated: every fact the request requires appears in the agent's messages.
         missing: the facts not said.
+        evidence: the agent made every call of :meth:`CapabilityEnv.evidence_calls` (same tool, same
+            arguments) and each succeeded: the records the decision rests on reached the conversation.
+        informed: ``act``: the evidence was complete before the call credited as ``exact``; ``answer``:
+            before the message that completed the required facts; ``refuse``: see ``refused_informed``.
+        refused_informed: ``refuse``: the evidence was complete, the agent wrote to the customer after
+            it, and no write call touched the record.
     """
 
     index: int
@@ -149,6 +163,9 @@ class RequestOutcome:
     forbidden: bool = False
     communicated: bool = True
     missing: list[str] = field(default_factory=list)
+    evidence: bool = False
+    informed: bool = False
+    refused_informed: bool = False
 
 
 @dataclass
@@ -190,10 +207,12 @@ class CapabilityEnv(TauEnv):
     default_difficulty: int = 3
     max_repeated_calls = 3
     max_build_attempts = 50
+    #: The versions a subclass implements (see the module docstring); the newest is the default.
+    versions: tuple[int, ...] = (0, 1)
 
     def __init__(self, domain: str | None = None, difficulty: int | None = None, size: str | dict = "small",
                  db_seed: int | None = None, user: str | dict = "scripted", prompt: str = "full",
-                 render_mode: str | None = None):
+                 render_mode: str | None = None, version: int | None = None):
         if self.capability not in CAPABILITIES:
             raise TypeError(f"{type(self).__name__}.capability must be one of {CAPABILITIES}, got {self.capability!r}")
         if domain is not None and domain not in DOMAIN_NAMES:
@@ -201,6 +220,11 @@ class CapabilityEnv(TauEnv):
         difficulty = self.default_difficulty if difficulty is None else difficulty
         if isinstance(difficulty, bool) or not isinstance(difficulty, (int, np.integer)) or difficulty not in DIFFICULTIES:
             raise ValueError(f"difficulty must be an integer from 1 to 5, got {difficulty!r}")
+        version = max(self.versions) if version is None else version
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version not in self.versions:
+            raise ValueError(f"version must be one of {self.versions} (0: as published under -v0; "
+                             f"{max(self.versions)}: the current reward), got {version!r}")
+        self.version = int(version)
         self.domain_choice = domain
         self.difficulty = int(difficulty)
         self.size_spec = size
@@ -276,7 +300,7 @@ class CapabilityEnv(TauEnv):
     def _evaluate(self) -> tuple[float, dict]:
         reward, breakdown = self._score()
         breakdown = {**breakdown, "domain": self.domain_name, "difficulty": self.difficulty,
-                     "capability": self.capability}
+                     "capability": self.capability, "version": self.version}
         return float(min(1.0, max(0.0, reward))), breakdown
 
     def tau_evaluation(self) -> tuple[float, dict]:
@@ -295,13 +319,71 @@ class CapabilityEnv(TauEnv):
             cache[key] = layer if ok else None
         return cache[key]
 
+    def evidence_calls(self, request: Any) -> list[Call]:
+        """The reads whose results a decision on ``request`` rests on.
+
+        The request's own gold reads (the reservation, the order, the flight's status...); for a request
+        with none (a retail account change, decided by who the customer is), the task's authentication
+        reads.
+        """
+        return list(request.reads or self.task.auth or [])  # type: ignore[union-attr]
+
+    def _events(self) -> list[tuple[str, Any, Any, bool]]:
+        """The agent's turns in order: ``("call", name, arguments, ok)`` or ``("say", text, None, True)``."""
+        results = {m.get("tool_call_id"): m.get("content") for m in self._messages if m.get("role") == "tool"}
+        events: list[tuple[str, Any, Any, bool]] = []
+        for m in self._messages:
+            if m.get("role") != "assistant":
+                continue
+            if m.get("tool_calls"):
+                for tc in m["tool_calls"]:
+                    fn = tc["function"]
+                    args = fn["arguments"]
+                    if isinstance(args, str):
+                        try:
+                            args = json.loads(args)
+                        except json.JSONDecodeError:
+                            pass
+                    result = results.get(tc.get("id"))
+                    events.append(("call", fn["name"], args, result is not None and not str(result).startswith("Error:")))
+            elif str(m.get("content") or "").strip():
+                events.append(("say", str(m["content"]), None, True))
+        return events
+
+    @staticmethod
+    def _evidence_at(events: list[tuple[str, Any, Any, bool]], calls: list[Call]) -> int | None:
+        """The event index at which every call in ``calls`` has succeeded at least once (None: never)."""
+        wanted = {(c.name, json.dumps(c.arguments, sort_keys=True, default=str)) for c in calls}
+        if not wanted:
+            return -1
+        for i, (kind, name, args, ok) in enumerate(events):
+            if kind == "call" and ok:
+                wanted.discard((name, json.dumps(args, sort_keys=True, default=str)))
+                if not wanted:
+                    return i
+        return None
+
+    @staticmethod
+    def said_after(events: list[tuple[str, Any, Any, bool]], facts: list[str], start: int,
+                   match: Any = None) -> bool:
+        """Whether every fact appears in the agent's messages after event ``start`` (the default ``match``
+        is the target's communicate rule: case-insensitive, commas removed, a substring)."""
+        from ..domains.evaluation import _normalize
+
+        text = " ".join(str(t) for kind, t, _, _ in events[start + 1:] if kind == "say")
+        if match is None:
+            return all(_normalize(f) in _normalize(text) for f in facts)
+        return all(match(f, text) for f in facts)
+
     def request_outcomes(self) -> Outcomes:
         """Per-request outcomes of the finished episode (see :class:`RequestOutcome`)."""
         writes = self._write_tools()
-        calls = [(n, a, r is not None and not str(r).startswith("Error:"))
-                 for n, a, r in tool_calls_of(self._messages) if n in writes]
+        events = self._events()
+        # Write calls with their position among the agent's events, so evidence can be ordered before them.
+        write_events = [(i, n, a, ok) for i, (kind, n, a, ok) in enumerate(events) if kind == "call" and n in writes]
+        calls = [(n, a, ok) for _, n, a, ok in write_events]
         cache: dict = {}
-        matched: set[int] = set()  # calls credited to a request: each call counts for one request at most
+        matched: dict[int, int] = {}  # call index -> request index: each call counts for one request at most
         results = []
         requests = self.task.requests  # type: ignore[union-attr]
         for i, r in enumerate(requests):  # first pass: exact effects
@@ -318,7 +400,7 @@ class CapabilityEnv(TauEnv):
                     mine = self._effect((n, a), cache)
                     if gold is not None and mine is not None and same_state(gold, mine)[0]:
                         out.exact = out.attempted = True
-                        matched.add(j)
+                        matched[j] = i
                         break
             results.append(out)
         attempts: set[int] = set()
@@ -326,7 +408,7 @@ class CapabilityEnv(TauEnv):
             if r.decision != "act" or r.write is None or out.exact:
                 continue
             key = _key_value(r.write)
-            free = [j for j, (n, _, _) in enumerate(calls) if n == r.write.name and j not in matched | attempts]
+            free = [j for j, (n, _, _) in enumerate(calls) if n == r.write.name and j not in matched and j not in attempts]
             same = [j for j in free if key is not None and key in json.dumps(calls[j][1], default=str)]
             if same or free:
                 attempts.add((same or free)[0])
@@ -340,6 +422,20 @@ class CapabilityEnv(TauEnv):
                     if key is None or key in blob:
                         out.forbidden = True
                         break
+        for out, r in zip(results, requests):  # evidence: the deciding records read, and read in time
+            evidence_at = self._evidence_at(events, self.evidence_calls(r))
+            out.evidence = evidence_at is not None
+            if not out.evidence:
+                continue
+            if r.decision == "act" and r.write is not None:
+                j = next((j for j, i in matched.items() if i == out.index), None)
+                out.informed = j is not None and evidence_at < write_events[j][0]
+            elif r.decision == "refuse":
+                out.refused_informed = not out.forbidden and any(
+                    kind == "say" for kind, *_ in events[evidence_at + 1:])
+                out.informed = out.refused_informed
+            else:
+                out.informed = self.said_after(events, list(r.communicate), evidence_at)
         unrequested = [(n, a) for j, (n, a, ok) in enumerate(calls) if ok and j not in matched]
         return Outcomes(results, calls, unrequested)
 

@@ -1,4 +1,4 @@
-"""``trace/multi_step_completion-v0``: carry every one of several requests through to the end.
+"""``trace/multi_step_completion-v1``: carry every one of several requests through to the end.
 
 Capability env of the τ² targets (both domains). The customer arrives with a list of two to
 five requests (writes and questions, all allowed by the policy, each on its own record named by
@@ -13,7 +13,7 @@ from .base import CapabilityEnv
 
 #: Number of requests per episode, (low, high) inclusive, by difficulty.
 REQUESTS = {1: (2, 2), 2: (2, 3), 3: (3, 3), 4: (3, 4), 5: (4, 5)}
-#: Credit for a write request whose tool was called but whose effect is not the gold one.
+#: v0 only: credit for a write request whose tool was called but whose effect is not the gold one.
 ATTEMPT_CREDIT = 0.75
 #: Deducted from the reward per successful write that no request asked for.
 UNREQUESTED_PENALTY = 0.25
@@ -48,20 +48,25 @@ class MultiStepCompletionEnv(CapabilityEnv):
     ## Rewards
     0 until the end; then the mean over requests of each request's credit, minus 0.25 per
     successful write that no request asked for (floored at 0). A write request earns 1.0 when a
-    successful call has the gold write's effect on the database and its facts were said, 0.75
-    when its write tool was called but the effect differs (or facts are missing); a question
-    earns 1.0 when its facts (the status, the amount, ...) appear in the agent's messages.
-    ``reward_breakdown``: ``per_request`` credits, ``completed`` (count at 1.0), ``n_requests``,
-    ``unrequested_writes``.
+    successful call, made after reading the request's record (its gold reads, answered without an
+    error), has the gold write's effect on the database and its facts were said; a question earns
+    1.0 when its facts (the status, the amount, ...) appear in the agent's messages after the
+    record was read; anything else earns 0. ``reward_breakdown``: ``per_request`` credits,
+    ``completed`` (count at 1.0), ``n_requests``, ``unrequested_writes``, ``uninformed`` (requests
+    done right but without reading first) and ``success`` (every request completed).
 
-    ## Shortcuts (bounds checked over 500 seeds at the default difficulty, 3 requests, in the tests)
-    * stopping after the first request (= ``tau:stop_after_first``): exactly 1/3 (at most 1/k);
-    * ending at once with a polite message: 0;
-    * writing each requested tool with guessed arguments without reading: at most 0.75 (measured
-      ≈ 0.66: attempt credit on writes, no question answered);
-    * extra writes nobody asked for: each successful one costs 0.25.
+    ``-v0`` (``version=0``) gave 0.75 for calling a write request's tool whatever its effect, and
+    credited a write or an answer whether or not the record had been read.
+
+    ## Shortcuts (measured over 500 seeds at every difficulty, both domains, in the tests)
+    Policies that never use the records — ending at once, ending politely, refusing everything,
+    doing whatever is asked unread (each requested write with arguments guessed from the
+    conversation), calling the first tool only, parroting the customer, repeating one read
+    forever, saying "done", echoing the customer's ids — each score at most 0.05 (0.000 measured).
+    Stopping after the first request (= ``tau:stop_after_first``) scores 1/k of k requests (1/3
+    at the default difficulty); extra writes nobody asked for cost 0.25 each.
     Agents lacking other capabilities stay high: ``tau:skip_precondition`` and ``tau:wrong_record``
-    score 1.0, ``tau:sloppy_arguments`` ≈ 0.8 (attempt credit on write requests).
+    score 1.0.
 
     ## Episode End
     The customer ends the conversation after the last request (``###STOP###``), a transfer, ten
@@ -74,6 +79,7 @@ class MultiStepCompletionEnv(CapabilityEnv):
     ``user``, ``prompt`` as for the targets.
 
     ## Version History
+    * v1: credit only for requests done on the records they rest on, no attempt credit (see Rewards).
     * v0: initial version.
     """
 
@@ -111,18 +117,22 @@ class MultiStepCompletionEnv(CapabilityEnv):
 
     def _score(self) -> tuple[float, dict]:
         outcomes = self.request_outcomes()
-        credits = []
+        credits, uninformed = [], 0
         for o, r in zip(outcomes.requests, self.task.requests):  # type: ignore[union-attr]
             if r.decision == "act" and r.write is not None:
-                credit = 1.0 if o.exact and o.communicated else ATTEMPT_CREDIT if o.attempted else 0.0
+                done = o.exact and o.communicated
+                partial = ATTEMPT_CREDIT if o.attempted and self.version == 0 else 0.0
             else:
-                credit = 1.0 if o.communicated else 0.0
-            credits.append(credit)
+                done, partial = o.communicated, 0.0
+            if done and self.version >= 1 and not o.informed:
+                done, uninformed = False, uninformed + 1
+            credits.append(1.0 if done else partial)
         mean = sum(credits) / len(credits)
         reward = max(0.0, mean - UNREQUESTED_PENALTY * len(outcomes.unrequested))
         return reward, {"per_request": credits, "completed": sum(c == 1.0 for c in credits),
                         "n_requests": len(credits), "unrequested_writes": len(outcomes.unrequested),
-                        "missing": [f for o in outcomes.requests for f in o.missing]}
+                        "missing": [f for o in outcomes.requests for f in o.missing],
+                        "uninformed": uninformed, "success": reward >= 1.0}
 
     def task_info(self) -> dict:
         info = super().task_info()

@@ -1,11 +1,11 @@
-"""``trace/precondition_verification-v0``: check the policy's preconditions before a write.
+"""``trace/precondition_verification-v1``: check the policy's preconditions before a write.
 
 Capability env of the τ² targets (both domains). Each episode is one customer request that the
 tools would carry out either way; whether the policy allows it depends on records the agent must
 read (booking time, cabin, insurance, flight status, membership, who owns an order, the order's
-history). About 60% of the requests must be refused, the rest must be carried out, and the
-allowed and forbidden variants of a family read alike — so neither "always refuse" nor "always
-do it" pays.
+history). Half of the requests must be refused, the other half carried out (``-v0``: 60% refused),
+and the allowed and forbidden variants of a family read alike — so neither "always refuse" nor
+"always do it" pays more than the half its fixed decision fits, and nothing pays without reading.
 """
 
 from __future__ import annotations
@@ -22,14 +22,18 @@ RETAIL_POOLS = {1: ("cancel", "user_address"), 2: ("cancel", "user_address", "mo
                                                    "modify_payment"),
                 3: ("cancel", "user_address", "modify_address", "return", "modify_payment", "modify_items",
                     "exchange")}
-#: Share of episodes whose request must be refused.
-REFUSE_SHARE = 0.6
+#: Share of episodes whose request must be refused, by version: balanced from v1, so that a fixed decision
+#: is worth 0.5 of the episodes, not 0.6.
+REFUSE_SHARE = {0: 0.6, 1: 0.5}
 #: Share of refusals whose text carries a false claim of eligibility, by difficulty.
 CLAIM_SHARE = {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.5, 5: 1.0}
-#: Reward for calling the requested write tool on an allowed request (the decision), before exactness.
+#: v0 only: reward for calling the requested write tool on an allowed request (the decision), before exactness.
 DECISION_CREDIT = 0.75
-#: Reward for refusing without stating the reason the policy gives.
+#: v0 only: reward for refusing without stating the reason the policy gives — read or not, which is what
+#: GRPO learned first: an adapter that ends every conversation at once earned it on 131 of 200 episodes.
 SILENT_REFUSAL_CREDIT = 0.5
+#: v1: reward for a refusal after reading the deciding record that does not state the policy's reason.
+UNEXPLAINED_REFUSAL_CREDIT = 0.5
 
 _RELATIONS = ("wife", "husband", "sister", "brother", "mother", "father", "roommate", "colleague", "neighbour")
 
@@ -87,23 +91,31 @@ class PreconditionVerificationEnv(CapabilityEnv):
     ``info["messages"]`` (OpenAI format) and ``info["tools"]``.
 
     ## Rewards
-    0 until the end; then, for a request that must be **refused**: 0 if the agent called any write
-    tool on the record (successful or not); otherwise 1.0 if it stated the policy's reason (the
-    request's facts, e.g. "cannot be cancelled", "basic economy", the foreign order id) and 0.5
-    if it refused without it. For an **allowed** request: 0 if the requested write tool was never
-    called; 0.75 for calling it (the decision); 1.0 if a successful call has the gold write's
-    effect on the database and the required facts were said. ``reward_breakdown`` has
-    ``decision`` (act/refuse), ``forbidden_write``, ``attempted``, ``exact``, ``communicated``,
-    ``missing`` and ``unrequested_writes``.
+    0 until the end. For a request that must be **refused**: 0 if the agent called any write tool;
+    0 unless it read the record that decides the request (the request's gold reads, e.g. the
+    reservation, the flight's status, the order; the customer's account for account changes:
+    each call made with the same arguments and answered without an error) and then wrote to the
+    customer; then 1.0 if its messages state the policy's reason (the request's facts, e.g.
+    "cannot be cancelled", "basic economy", the foreign order id), else 0.5. For an **allowed**
+    request: 1.0 if a successful call, made after reading the deciding record, has the gold
+    write's effect on the database, the required facts were said and no other write succeeded;
+    else 0 — attempting the write, a guessed write and a polite ending earn nothing.
+    ``reward_breakdown`` has ``decision`` (act/refuse), ``family``, ``evidence`` (the record was
+    read), ``informed`` (read before deciding), ``forbidden_write``, ``attempted``, ``exact``,
+    ``communicated``, ``missing``, ``unrequested_writes`` and ``success``.
 
-    ## Shortcuts (bounds measured over 500 seeds at the default difficulty in the tests)
-    * refusing everything with a generic apology: at most 0.40 (0.5 × the 60% refusals);
-    * doing whatever is asked without checking (= ``tau:skip_precondition``): at most 0.50
-      (the 40% allowed requests);
-    * writing with guessed arguments without reading anything: at most 0.40;
-    * saying nothing useful and ending: at most 0.40.
+    ``-v0`` (``version=0``) paid 0.5 for any refusal without its reason, read or not, and 0.75 for
+    calling the requested write tool on an allowed request, and refused 60% of the requests.
+
+    ## Shortcuts (measured over 500 seeds at every difficulty, both domains, in the tests)
+    Policies that never use the records — ending at once, ending politely without reading,
+    refusing everything unread, doing whatever is asked unread, calling the first tool only,
+    parroting the customer, repeating one read forever, saying "done", echoing the customer's ids
+    — each score 0.000 (the tests bound them at 0.05). Policies that read and then ignore what they
+    read: reading, then always refusing, scores ≤ 0.5 (the must-refuse half; measured 0.25–0.5
+    with and without the reason); reading, then always doing it, ≤ 0.5 (the allowed half).
     Agents lacking other capabilities stay high: ``tau:stop_after_first`` and ``tau:wrong_record``
-    score 1.0, ``tau:sloppy_arguments`` ≈ 0.9 (decision credit on allowed requests).
+    score 1.0.
 
     ## Episode End
     The customer ends the conversation (``###STOP###``), a transfer, ten invalid turns in a row,
@@ -120,6 +132,7 @@ class PreconditionVerificationEnv(CapabilityEnv):
     ``user``, ``prompt`` as for the targets.
 
     ## Version History
+    * v1: credit only for decisions taken on the records (see Rewards); refusals 50%.
     * v0: initial version.
     """
 
@@ -136,7 +149,7 @@ class PreconditionVerificationEnv(CapabilityEnv):
     def _build_task(self, session: RequestSession, difficulty: int) -> TauTask:
         rng = self.np_random
         family = self._pool(difficulty)[int(rng.integers(len(self._pool(difficulty))))]
-        refuse = bool(rng.random() < REFUSE_SHARE)
+        refuse = bool(rng.random() < REFUSE_SHARE[self.version])
         if refuse:
             r = session.request(family, refuse=True, accept=lambda q: q.forbidden_write is not None)
             if rng.random() < CLAIM_SHARE[difficulty]:
@@ -156,20 +169,32 @@ class PreconditionVerificationEnv(CapabilityEnv):
         o = outcomes.requests[0]
         breakdown = {"decision": o.decision, "family": o.kind, "forbidden_write": o.forbidden,
                      "attempted": o.attempted, "exact": o.exact, "communicated": o.communicated,
-                     "missing": o.missing, "unrequested_writes": len(outcomes.unrequested)}
+                     "missing": o.missing, "unrequested_writes": len(outcomes.unrequested),
+                     "evidence": o.evidence, "informed": o.informed}
+        reward = self._score_v0(o, outcomes) if self.version == 0 else self._score_v1(o, outcomes)
+        breakdown["success"] = reward >= 1.0
+        return reward, breakdown
+
+    @staticmethod
+    def _score_v1(o, outcomes) -> float:
+        if o.decision == "refuse":
+            if outcomes.write_calls or not o.refused_informed:
+                return 0.0
+            return 1.0 if o.communicated else UNEXPLAINED_REFUSAL_CREDIT
+        ok = o.exact and o.informed and o.communicated and not outcomes.unrequested
+        return 1.0 if ok else 0.0
+
+    @staticmethod
+    def _score_v0(o, outcomes) -> float:
         if o.decision == "refuse":
             if o.forbidden or outcomes.write_calls:
-                reward = 0.0
-            else:
-                reward = 1.0 if o.communicated else SILENT_REFUSAL_CREDIT
-        else:
-            if not o.attempted:
-                reward = 0.0
-            elif o.exact and o.communicated and not outcomes.unrequested:
-                reward = 1.0
-            else:
-                reward = DECISION_CREDIT
-        return reward, breakdown
+                return 0.0
+            return 1.0 if o.communicated else SILENT_REFUSAL_CREDIT
+        if not o.attempted:
+            return 0.0
+        if o.exact and o.communicated and not outcomes.unrequested:
+            return 1.0
+        return DECISION_CREDIT
 
     def task_info(self) -> dict:
         info = super().task_info()

@@ -1,4 +1,4 @@
-"""``trace/structured_data_reasoning-v0``: find the right record among look-alikes and derive the right number.
+"""``trace/structured_data_reasoning-v1``: find the right record among look-alikes and derive the right number.
 
 Capability env of the τ² targets (both domains). The customer names a record by description
 ("my round trip from Denver leaving on 2024-05-17", "my order with the Desk Lamp") among several
@@ -36,7 +36,7 @@ AIRLINE_WRITES = ("cancel", "flight_change", "cabin_change", "baggage", "booking
 RETAIL_WRITES = ("cancel", "modify_address", "modify_payment", "return", "exchange", "modify_items", "user_address")
 #: Share of episodes that are write requests (the rest are questions).
 WRITE_SHARE = 0.35
-#: Credit for a write request whose write tool was called on the right data but every call was rejected.
+#: v0 only: credit for a write request whose write tool was called on the right data but every call was rejected.
 REJECTED_CREDIT = 0.5
 
 
@@ -382,32 +382,36 @@ class StructuredDataReasoningEnv(CapabilityEnv):
 
     ## Rewards
     0 until the end. A value is *stated* when it appears in the agent's messages as a whole value
-    (case-insensitive, commas removed; ``$50`` is not stated by ``$500``). A **question** scores 1.0
-    when the answer is stated, no look-alike value is stated (another record's amount, allowance,
-    tracking number, or the value a typical misreading gives: per passenger instead of in total,
-    the whole order instead of the returned item...) and nothing was written; else 0. A **change**
-    scores 1.0 when one successful write has exactly the gold write's effect on the database, no
-    other write succeeded, the look-alike write (the other record, the misread number) was never
-    called, even if the tools rejected it, the request's facts are stated and no look-alike value
-    is; 0.5 when
-    every write call was rejected by the tools but the agent read the request's records, called the
-    gold write's tool and stated the facts (the reasoning was right; the call itself is tool-calling
-    precision); else 0 — the wrong record written scores 0. ``reward_breakdown``: ``kind``
+    (case-insensitive, commas removed; ``$50`` is not stated by ``$500``). The *evidence* is the
+    described record's read (the call with the same arguments, answered without an error) and the
+    non-record reads the answer rests on (a flight's status, a flight search, a product), not the
+    look-alike records read while looking for it. A **question** scores 1.0 when the answer is
+    stated in a message after the evidence, no look-alike value is stated (another record's amount,
+    allowance, tracking number, or the value a typical misreading gives: per passenger instead of in
+    total, the whole order instead of the returned item...) and nothing was written; else 0. A
+    **change** scores 1.0 when one successful write, made after the evidence, has exactly the gold
+    write's effect on the database, no other write succeeded, the look-alike write (the other
+    record, the misread number) was never called, even if the tools rejected it, the request's
+    facts are stated and no look-alike value is; else 0 — the wrong record written scores 0, and so
+    does the right answer or write without the read. ``reward_breakdown``: ``kind``
     (question/change), ``family``, ``answer_stated``, ``missing``, ``lookalikes_stated``,
-    ``exact``, ``attempted``, ``reads_done``, ``successful_writes``, ``wrong_write_called``,
-    ``unrequested_writes``,
-    ``n_lookalikes``.
+    ``exact``, ``attempted``, ``reads_done``, ``evidence``, ``successful_writes``,
+    ``wrong_write_called``, ``unrequested_writes``, ``n_lookalikes``, ``success``.
 
-    ## Shortcuts (bounds checked over 500 seeds at the default difficulty in the tests)
-    * stating every candidate (the values of all records): 0 on questions, and writing every
-      candidate record 0 on changes — at most 0.05 overall;
-    * answering without reading the data, with a plausible guessed number: at most 0.05;
-    * picking a wrong record or misreading a number (= ``tau:wrong_record``): at most 0.05;
-    * writing the requested tool with guessed arguments without reading: 0;
-    * refusing or doing nothing: 0.
+    ``-v0`` (``version=0``) paid 0.5 when every write call was rejected but the agent had read the
+    records, called the gold tool and stated the facts, and asked for the read before the answer only
+    for flight-status questions.
+
+    ## Shortcuts (measured over 500 seeds at every difficulty, both domains, in the tests)
+    Policies that never use the records — ending at once, ending politely, refusing everything,
+    doing whatever is asked unread, calling the first tool only, parroting the customer, repeating
+    one read forever, saying "done", echoing the customer's ids and numbers, answering from the
+    first observation — each score at most 0.05 (0.000 measured). Stating every candidate's value
+    scores 0 on questions and writing every candidate record 0 on changes; picking a wrong record
+    or misreading a number (= ``tau:wrong_record``) scores 0.
     Agents lacking other capabilities stay high: ``tau:skip_precondition`` and
-    ``tau:stop_after_first`` score 1.0, ``tau:sloppy_arguments`` ≈ 0.8 (1.0 on questions, 0.5 on
-    changes).
+    ``tau:stop_after_first`` score 1.0; ``tau:sloppy_arguments`` ≈ 0.6 (questions right, its
+    writes rejected).
 
     ## Episode End
     The customer ends the conversation (``###STOP###``), a transfer, ten invalid turns in a row,
@@ -425,6 +429,7 @@ class StructuredDataReasoningEnv(CapabilityEnv):
     ``prompt`` as for the targets.
 
     ## Version History
+    * v1: credit only after the evidence is read; no credit for rejected writes (see Rewards).
     * v0: initial version.
     """
 
@@ -530,12 +535,17 @@ class StructuredDataReasoningEnv(CapabilityEnv):
         successful = [(n, a) for n, a, ok in outcomes.write_calls if ok]
         called = {(n, json.dumps(a, sort_keys=True, default=str)) for n, a, _ in tool_calls_of(self._messages)}
         reads_done = all((c.name, json.dumps(c.arguments, sort_keys=True, default=str)) in called for c in r.reads)
+        events = self._events()
+        evidence_at = self._evidence_at(events, self.evidence_calls(r))
         clean = not missing and not lookalikes
         tried_wrong = False
         if r.decision == "answer":
             kind = "question"
             # A status is a look-up: without the call, a right answer is a guess from the date.
             looked_up = reads_done or request_family(r.kind) != "flight_status"
+            if self.version >= 1:  # the answer must come after the record it is read from
+                looked_up = evidence_at is not None and self.said_after(events, list(r.communicate), evidence_at,
+                                                                        stated)
             reward = 1.0 if clean and not successful and looked_up else 0.0
         else:
             kind = "change"
@@ -544,9 +554,9 @@ class StructuredDataReasoningEnv(CapabilityEnv):
                 n == wrong.name and json.dumps(a, sort_keys=True, default=str)
                 == json.dumps(wrong.arguments, sort_keys=True, default=str) for n, a, _ in outcomes.write_calls)
             clean = clean and not tried_wrong
-            if o.exact and clean and not outcomes.unrequested:
+            if o.exact and clean and not outcomes.unrequested and (self.version == 0 or o.informed):
                 reward = 1.0
-            elif not successful and o.attempted and reads_done and clean:
+            elif self.version == 0 and not successful and o.attempted and reads_done and clean:
                 reward = REJECTED_CREDIT
             else:
                 reward = 0.0
@@ -554,7 +564,21 @@ class StructuredDataReasoningEnv(CapabilityEnv):
                         "lookalikes_stated": lookalikes, "exact": o.exact, "attempted": o.attempted,
                         "reads_done": reads_done, "successful_writes": len(successful),
                         "wrong_write_called": tried_wrong,
-                        "unrequested_writes": len(outcomes.unrequested), "n_lookalikes": self.n_lookalikes}
+                        "unrequested_writes": len(outcomes.unrequested), "n_lookalikes": self.n_lookalikes,
+                        "evidence": evidence_at is not None, "success": reward >= 1.0}
+
+    def evidence_calls(self, request: Any) -> list[Call]:
+        """The reads a decision rests on: the described record and the non-record reads (a flight's status,
+        a flight search, a product), not the look-alike records an agent reads while looking for it."""
+        reads = list(request.reads or self.task.auth or [])  # type: ignore[union-attr]
+        anchor = " ".join([json.dumps(request.write.arguments, default=str) if request.write else "",
+                           request.message, request.done_message])
+        counts: dict[str, int] = {}
+        for c in reads:
+            counts[c.name] = counts.get(c.name, 0) + 1
+        scanned = [c for c in reads if counts[c.name] > 1]  # one tool over several records: a search for the one
+        deciding = [c for c in scanned if any(isinstance(v, str) and v in anchor for v in c.arguments.values())]
+        return [c for c in reads if counts[c.name] == 1] + (deciding or scanned)
 
     # ------------------------------------------------------------------ records
     def task_spec(self) -> dict:

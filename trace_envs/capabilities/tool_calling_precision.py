@@ -1,4 +1,4 @@
-"""``trace/tool_calling_precision-v0``: turn a fully specified request into one exact write call.
+"""``trace/tool_calling_precision-v1``: turn a fully specified request into one exact write call.
 
 See :class:`ToolCallingPrecisionEnv`. The customer states every argument value; the env scores the
 database after the agent's writes against the database after the gold write, with a penalty for
@@ -196,12 +196,21 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
     writes equals the database after the gold write (canonical hash of every touched record, as on
     the target), else 0 — so a wrong value, a missing write or any extra write scores 0;
     ``precision`` is 1.0 with no rejected write call, 0.75 after one, 0.5 after two or more (a
-    call the tool rejects for a wrong type, a missing field or an unknown id). ``reward_breakdown``:
-    ``db``, ``exact`` (one successful call had exactly the gold effect), ``rejected_writes``,
-    ``precision``, ``unrequested_writes``, ``tool``, ``tier``.
+    call the tool rejects for a wrong type, a missing field or an unknown id). From ``-v1`` the
+    exact write counts only when the agent authenticated the customer first (the task's
+    authentication reads, answered without an error): a write with no record read is a guess,
+    however it turns out. ``reward_breakdown``: ``db``, ``exact`` (one successful call had exactly
+    the gold effect), ``informed`` (made after the authentication), ``rejected_writes``,
+    ``precision``, ``unrequested_writes``, ``tool``, ``tier``, ``success``.
 
     ## Shortcuts
     Behaviours this env defeats, and the most each scores (tests hold each over 500 seeds):
+
+    * every policy that does not use the records — ending at once, ending politely, refusing,
+      doing whatever is asked unread (the requested write with arguments taken from the customer's
+      words), calling the first tool only, parroting the customer, repeating one read forever,
+      saying "done", echoing the customer's ids — at most 0.05 at every difficulty, both domains
+      (0.000 measured; on ``-v0`` the unread write earned 0.10–0.20);
 
     * refusing, or answering without writing (any "safe" non-action): 0;
     * writing with sloppy arguments (wrong types, missing fields, wrong ids) and not fixing them —
@@ -226,6 +235,7 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
     ``size``, ``db_seed``, ``user``, ``prompt`` — as for :class:`~trace_envs.capabilities.base.CapabilityEnv`.
 
     ## Version History
+    * v1: the exact write counts only after the customer was authenticated.
     * v0: initial version.
     """
 
@@ -269,10 +279,13 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
         rejected = sum(1 for _, _, ok in outcomes.write_calls if not ok)
         factor = precision_penalty(rejected)
         write = self.task.requests[0].write  # type: ignore[union-attr]
-        return db * factor, {"db": float(db), "exact": float(outcomes.requests[0].exact),
-                             "rejected_writes": rejected, "precision": factor,
-                             "unrequested_writes": len(outcomes.unrequested),
-                             "tool": write.name if write else None, "tier": self._tier()}
+        informed = outcomes.requests[0].informed
+        reward = db * factor if self.version == 0 or informed else 0.0
+        return reward, {"db": float(db), "exact": float(outcomes.requests[0].exact),
+                        "informed": informed, "success": reward >= 1.0,
+                        "rejected_writes": rejected, "precision": factor,
+                        "unrequested_writes": len(outcomes.unrequested),
+                        "tool": write.name if write else None, "tier": self._tier()}
 
     def _tier(self) -> int | None:
         tid = self.task.task_id if self.task else ""

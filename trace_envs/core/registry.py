@@ -237,3 +237,19 @@ def get_entry(env_id: str) -> EnvEntry:
         known = ", ".join(_ENTRIES) or "(none)"
         raise KeyError(f"unknown TRACE environment {env_id!r}. Registered: {known}")
     return _ENTRIES[env_id]
+
+
+def _version(env_id: str) -> int:
+    tail = env_id.rsplit("-v", 1)
+    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else -1
+
+
+def latest_capability_id(capability: str) -> str:
+    """The newest hand-written ``trace/<capability>-vN`` id (ids never change; a new reward is a new ``-vN``).
+
+    The pipeline, the generator and the docs train on this one; older versions stay registered as published.
+    """
+    ids = [e.id for e in _ENTRIES.values() if e.id.startswith(f"trace/{capability}-v") and e.origin == "hand-written"]
+    if not ids:
+        raise KeyError(f"no hand-written env for capability {capability!r}; registered: {', '.join(_ENTRIES) or '(none)'}")
+    return max(ids, key=_version)
