@@ -179,8 +179,9 @@ def check_probe(job: dict, agent, bound: float, seeds: list[int], record: list) 
     record.extend(rewards)
     mean = sum(rewards) / len(rewards)
     success = sum(e["success"] for e in eps) / len(eps)
-    figure = f"mean {mean:.3f} (bound {bound}), success {success:.2f} (bound {PROBE_SUCCESS_BOUND})"
-    if mean > bound or success > PROBE_SUCCESS_BOUND:
+    success_bound = min(bound, PROBE_SUCCESS_BOUND)
+    figure = f"mean {mean:.3f} (bound {bound}), success {success:.2f} (bound {success_bound})"
+    if mean > bound or success > success_bound:
         raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} (bound {bound}) and succeeds on {success:.0%} "
                           f"of {len(seeds)} seeds: the reward pays for behaviour that does not use the capability",
                           figure=figure)
@@ -260,11 +261,11 @@ def main() -> int:
     for name, _ in CHECKS:
         run_check(f"conformance: {name}", check_conformance_one, job, name)
     run_check("task digests (this process)", own_digests)
-    from generators.probes import PROBE_BOUNDS, probe_agents
+    from generators.probes import PROBE_BOUND, probe_agents
 
     for agent in probe_agents(job["probe_seeds"][0]):
-        run_check(f"probe: {agent.name.split(':', 1)[1]}", check_probe, job, agent, PROBE_BOUNDS[agent.name],
-                  job["probe_seeds"], rewards)
+        run_check(f"probe: {agent.name.split(':', 1)[1]}", check_probe, job, agent,
+                  float(job.get("probe_bound", PROBE_BOUND)), job["probe_seeds"], rewards)
     run_check("calibration", check_calibration, job, rewards)
     emit(event="rewards", count=len(rewards), low=min(rewards, default=0.0), high=max(rewards, default=0.0))
     return 0

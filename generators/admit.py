@@ -38,6 +38,7 @@ from typing import Any
 
 from trace_envs.core.bwrap import rebind_hidden
 
+from .probes import PROBE_BOUND, PROBE_NAMES
 from .static import STATIC_CHECKS, static_check
 
 WORKER = Path(__file__).resolve().parent / "admission_worker.py"
@@ -57,6 +58,8 @@ class AdmissionConfig:
         n_seeds: seeds of the conformance suite (oracle, seed and determinism checks).
         digest_seeds: seeds whose task digests are compared across two processes.
         probe_seeds: episodes per reward-hacking probe.
+        probe_bound: the most mean reward each probe may earn (:data:`generators.probes.PROBE_BOUND`,
+            0.05: a policy that does not use the records must earn nothing worth learning).
         calibration_groups, calibration_group_size: G × K episodes of the calibration agent
             (:class:`generators.probes.MixtureAgent`; K = 8, GRPO's default group size).
         calibration_deficit, calibration_random: its chances to play the deficit / random agent.
@@ -70,7 +73,8 @@ class AdmissionConfig:
     memory_mb: int = 2048
     n_seeds: int = 8
     digest_seeds: int = 4
-    probe_seeds: int = 8
+    probe_seeds: int = 16
+    probe_bound: float = PROBE_BOUND
     calibration_groups: int = 24
     calibration_group_size: int = 8
     calibration_deficit: float = 0.4
@@ -82,6 +86,8 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "bwrap", "none"):
             raise ValueError(f"sandbox must be auto, bwrap or none, got {self.sandbox!r}")
+        if not 0.0 <= self.probe_bound < 1.0:
+            raise ValueError(f"probe_bound must be in [0, 1), got {self.probe_bound!r}")
         if self.timeout_s <= 0 or self.import_timeout_s <= 0 or self.memory_mb < 256:
             raise ValueError("timeouts must be positive and memory_mb at least 256")
 
@@ -187,7 +193,7 @@ DYNAMIC_CHECKS = ["import", "tool schemas identical to the target's", "no tool t
                   "conformance: different seeds differ", "conformance: oracle scores 1.0",
                   "conformance: bad actions never crash, score < 1", "conformance: reward range and truncation",
                   "conformance: close frees resources", "determinism across two processes",
-                  "probe: empty", "probe: random", "probe: write_all", "probe: refuse", "probe: echo",
+                  *(f"probe: {name.split(':', 1)[1]}" for name in PROBE_NAMES),
                   "calibration", "rewards in [0, 1]"]
 
 
@@ -411,7 +417,7 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
            "env_id": registration["id"], "max_episode_steps": registration["max_episode_steps"],
            "kwargs": registration.get("kwargs") or {}, "answer_tools": registration.get("answer_tools") or [],
            "target_schemas": schemas, "capability": capability, "n_seeds": cfg.n_seeds,
-           "digest_seeds": list(range(cfg.digest_seeds)), "probe_seeds": list(range(500, 500 + cfg.probe_seeds)),
+           "digest_seeds": list(range(cfg.digest_seeds)), "probe_seeds": list(range(500, 500 + cfg.probe_seeds)), "probe_bound": cfg.probe_bound,
            "calibration": {"groups": cfg.calibration_groups, "group_size": cfg.calibration_group_size,
                            "deficit": cfg.calibration_deficit, "random": cfg.calibration_random,
                            "agent": cfg.calibration_agent, "seed_offset": cfg.calibration_seed_offset}}

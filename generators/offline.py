@@ -56,9 +56,9 @@ class Rendered:
 
 
 def _builtin_entry(capability: str):
-    from trace_envs.core.registry import get_entry
+    from trace_envs.core.registry import get_entry, latest_capability_id
 
-    return get_entry(f"trace/{capability}-v0")
+    return get_entry(latest_capability_id(capability))
 
 
 def _safe_doc(text: str) -> str:
@@ -157,6 +157,9 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
         "base_module": base_module, "base_class": base_class, "class_name": "Generated" + base_class,
         "max_episode_steps": int(builtin.max_episode_steps or 30), "difficulty": difficulty,
         "difficulty_reason": reason,
+        # The family's reward version, pinned in the module: a published generated id keeps its reward when
+        # the family gets a newer version.
+        "reward_version": int(builtin.kwargs.get("version", 0)),
     }
     notes: dict = {"template": template, "difficulty": difficulty, "variant": variant, "focus_share": share}
     if template == "tau_capability":
