@@ -38,8 +38,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TARGET = "trace/tau_airline-v0"
-DEFAULT_ENVS = ["trace/precondition_verification-v0", "trace/multi_step_completion-v0",
-                "trace/tool_calling_precision-v0"]
+DEFAULT_ENVS = ["trace/precondition_verification-v1", "trace/multi_step_completion-v1",
+                "trace/tool_calling_precision-v1"]
 
 
 def env_kwargs(base: str, env: str, difficulty: int) -> dict:

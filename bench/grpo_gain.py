@@ -47,10 +47,13 @@ TARGET = "trace/tau_airline-v0"
 
 
 def capability_envs() -> list[str]:
+    """The newest id of every τ² capability env (the ``-v1`` rewards pay only for evidence of the skill)."""
     import trace_envs
 
-    return [e.id for e in trace_envs.registered()
-            if e.kind == "capability" and (e.target or "").startswith("tau_") and not e.requires]
+    caps = sorted({e.capability for e in trace_envs.registered()
+                   if e.kind == "capability" and (e.target or "").startswith("tau_") and not e.requires
+                   and e.origin == "hand-written"})
+    return [trace_envs.latest_capability_id(c) for c in caps]
 
 
 def make_base(work: Path, minutes: float, share: float, caps: list[str], train_seeds: int) -> str:
@@ -188,6 +191,18 @@ def main() -> int:
     print(f"  after:  mean reward {after['value']:.3f} (95% CI {after['ci'][0]:.3f}..{after['ci'][1]:.3f})")
     print(f"  gain:   {delta['value']:+.3f} (paired 95% CI {delta['ci'][0]:+.3f}..{delta['ci'][1]:+.3f}); tasks improved "
           f"{cmp['tasks']['improved']}, regressed {cmp['tasks']['regressed']}, same {cmp['tasks']['same']}")
+    from trace_train.evaluate import breakdown_summary
+
+    for name in ("before", "after"):
+        side = cmp["base" if name == "before" else "candidate"]
+        success = side["overall"].get("pass@1") or {}
+        shares = breakdown_summary(work / f"eval_{name}.jsonl")
+        paid = ", ".join(f"{k} {v:.2f}" for k, v in shares.items() if k not in ("reward",))
+        print(f"  {name}: success {success.get('value', float('nan')):.3f}; reward breakdown: {paid}")
+        for env_id, d in side.get("decisions", {}).items():
+            print(f"  {name}: allowed {d['allowed']['success']:.3f} (n={d['allowed']['n']}), must-refuse "
+                  f"{d['must_refuse']['success']:.3f} (n={d['must_refuse']['n']}), balanced accuracy "
+                  f"{d['balanced_accuracy']:.3f}")
     significant = delta["ci"][0] > 0
     ratio = after["value"] / before["value"] if before["value"] > 0 else float("inf")
     print(f"ratio after/before: {ratio:.2f}; gain outside the interval: {'yes' if significant else 'no'}; "

@@ -6,10 +6,10 @@ env's own oracle episodes (a base warmed up on the target alone scores ~0 there,
 from groups that are all 0)::
 
     trace model bootstrap --target trace/tau_airline-v0 --env-kwarg 'size={"bundle_prob": 0}' \\
-        --mix trace/precondition_verification-v0=0.05 --mix-env-kwarg difficulty=1 --minutes 10
-    python examples/train_grpo.py --model <the folder it printed> --env trace/precondition_verification-v0
+        --mix trace/precondition_verification-v1=0.05 --mix-env-kwarg difficulty=1 --minutes 10
+    python examples/train_grpo.py --model <the folder it printed> --env trace/precondition_verification-v1
 
-The same from the shell: ``trace train --env trace/precondition_verification-v0 --model M --out DIR
+The same from the shell: ``trace train --env trace/precondition_verification-v1 --model M --out DIR
 --difficulty 1 --steps 20 --lr 1e-3 --group-size 4 --groups-per-step 2``.
 
 GPU, a Qwen3 model (bf16; generation through HF ``generate`` in TRACE's rollout loop)::
@@ -56,7 +56,7 @@ def main() -> int:
 
     from trace_train.grpo import TrainConfig, train
 
-    cfg = TrainConfig(env_ids=args.env or ["trace/precondition_verification-v0"],
+    cfg = TrainConfig(env_ids=args.env or ["trace/precondition_verification-v1"],
                       env_kwargs={"difficulty": args.difficulty}, model=args.model, output_dir=args.out,
                       device=args.device, max_steps=args.steps, group_size=args.group_size,
                       groups_per_step=args.groups_per_step, learning_rate=args.lr,

@@ -140,7 +140,28 @@ def evaluate(source: str | Path | Iterable[dict], ks: Sequence[int] = (1, 2, 4),
         result["by_env"][env_id] = summarize(ts, ks, n_boot, rng, level)
     for scenario, ts in sorted(by_scenario.items()):
         result["by_scenario"][scenario] = summarize(ts, ks, n_boot, rng, level)
+    from trace_envs.calibration import decision_accuracy
+
+    # A decision env (act or refuse): success on allowed and on must-refuse requests apart, so that learning
+    # the decision shows apart from learning the prior.
+    decisions = {env_id: decision_accuracy(r for r in records if str(r["env_id"]) == env_id) for env_id in by_env}
+    result["decisions"] = {env_id: d for env_id, d in decisions.items() if d}
     return result
+
+
+def breakdown_summary(source: str | Path | Iterable[dict]) -> dict[str, float]:
+    """What paid the reward: per ``reward_breakdown`` key, the share of episodes where it is true (booleans) or
+    its mean (numbers), plus ``reward`` and ``success``; read it before reading a gain in mean reward as a skill."""
+    records = load_records(source)
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        values = {"reward": r.get("reward", 0.0), "success": bool(r.get("success")), **(r.get("reward_breakdown") or {})}
+        for key, value in values.items():
+            if isinstance(value, bool) or (isinstance(value, (int, float)) and key not in ("difficulty", "version")):
+                sums[key] += float(value)
+                counts[key] += 1
+    return {key: sums[key] / counts[key] for key in sums}
 
 
 def compare(base: str | Path | Iterable[dict], candidate: str | Path | Iterable[dict], ks: Sequence[int] = (1, 2, 4),
@@ -148,11 +169,13 @@ def compare(base: str | Path | Iterable[dict], candidate: str | Path | Iterable[
     """Base vs candidate on the tasks both ran (same env ids and seeds), with paired bootstrap CIs.
 
     Returns:
-        ``{"shared_tasks", "only_base", "only_candidate", "base": eval, "candidate": eval,
+        ``{"shared_tasks", "only_base", "only_candidate", "base": eval, "candidate": eval (each with
+        ``decisions``: a decision env's success on allowed and must-refuse requests apart),
         "delta": {metric: {"value", "ci"}}, "delta_by_scenario": {...}, "tasks": {"improved", "regressed", "same"}}``.
     """
     ks = sorted(set(int(k) for k in ks) | {1})
-    b_tasks, c_tasks = task_outcomes(load_records(base)), task_outcomes(load_records(candidate))
+    b_records, c_records = load_records(base), load_records(candidate)
+    b_tasks, c_tasks = task_outcomes(b_records), task_outcomes(c_records)
     shared = sorted(set(b_tasks) & set(c_tasks))
     rng = np.random.default_rng(seed)
     b_list, c_list = [b_tasks[t] for t in shared], [c_tasks[t] for t in shared]
@@ -186,6 +209,14 @@ def compare(base: str | Path | Iterable[dict], candidate: str | Path | Iterable[
         result["base"]["by_scenario"][s] = summarize(bl, ks, n_boot, rng, level)
         result["candidate"]["by_scenario"][s] = summarize(cl, ks, n_boot, rng, level)
         result["delta_by_scenario"][s] = deltas(bl, cl)
+    from trace_envs.calibration import decision_accuracy
+
+    keep = set(shared)
+    for side, records in (("base", b_records), ("candidate", c_records)):
+        envs = sorted({str(r["env_id"]) for r in records})
+        on_shared = [r for r in records if (str(r["env_id"]), int(r["seed"])) in keep]
+        decisions = {e: decision_accuracy(r for r in on_shared if str(r["env_id"]) == e) for e in envs}
+        result[side]["decisions"] = {e: d for e, d in decisions.items() if d}
     return result
 
 
@@ -222,7 +253,12 @@ def markdown_table(result: dict) -> str:
     for scenario, s in result["by_scenario"].items():
         row(f"scenario `{scenario}`", s)
     pct = int(round(result["level"] * 100))
-    return "\n".join(lines) + f"\n\nValues with {pct}% bootstrap confidence intervals over tasks ({result['n_boot']} resamples).\n"
+    text = "\n".join(lines) + f"\n\nValues with {pct}% bootstrap confidence intervals over tasks ({result['n_boot']} resamples).\n"
+    for env_id, d in result.get("decisions", {}).items():
+        text += (f"\nDecisions of `{env_id}`: success {d['allowed']['success']:.3f} on {d['allowed']['n']} allowed and "
+                 f"{d['must_refuse']['success']:.3f} on {d['must_refuse']['n']} must-refuse requests; balanced "
+                 f"accuracy {d['balanced_accuracy']:.3f}.\n")
+    return text
 
 
 def comparison_table(result: dict) -> str:

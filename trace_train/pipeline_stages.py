@@ -96,9 +96,16 @@ def run_base(ctx) -> tuple[list[str], dict]:
     if b.kind == "tiny":
         from trace_train.models import bootstrap_model, model_metadata
 
+        from trace_train.tiny.shipped import install_shipped_base
+
         bcfg = tiny_bootstrap_config(b, target)
         path = tiny_base_cache_dir(bcfg)
         cached = _cached_base(path)
+        shipped = None
+        if not cached:
+            # A base shipped with the project for exactly this recipe: no warm-up, the same base on every CPU.
+            shipped = install_shipped_base(path)
+            cached = shipped is not None
         if not cached:
             # Train into a temporary folder and rename: a killed warm-up never leaves a half-saved "cached" model.
             tmp = path.with_name(path.name + ".partial")
@@ -108,7 +115,7 @@ def run_base(ctx) -> tuple[list[str], dict]:
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)
         meta = model_metadata(path).get("bootstrap", {})
-        info.update(model_path=str(path), cached=cached, warmup={
+        info.update(model_path=str(path), cached=cached, shipped=shipped.name if shipped else None, warmup={
             "target": meta.get("target"), "steps": meta.get("steps"), "examples": meta.get("examples"),
             "train_seconds": meta.get("train_seconds"), "exclude_scenarios": meta.get("exclude_scenarios"),
             "scenario_counts": meta.get("scenario_counts"), "final_loss": meta.get("final_loss")})
@@ -154,6 +161,11 @@ def estimate_base(ctx) -> tuple[float | None, str]:
         return None, str(exc)
     if _cached_base(tiny_base_cache_dir(bcfg)):
         return 1.0, "tiny base warm-up cached (by content)"
+    from trace_train.tiny.shipped import find_shipped_base
+
+    shipped = find_shipped_base(tiny_base_cache_dir(bcfg).name)
+    if shipped is not None:
+        return 2.0, f"tiny base shipped with the project ({shipped.name}): no warm-up"
     per_step = SECONDS_PER_SFT_STEP_TINY / (SFT_TWO_THREAD_SPEEDUP if bcfg.threads >= 2 else 1.0)
     train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * per_step
     budget = f"{train / 60:.0f} min budget" if bcfg.max_seconds else f"{bcfg.steps} steps"
@@ -380,7 +392,7 @@ def estimate_generate(ctx) -> tuple[float | None, str]:
 
 def capability_envs(ctx) -> dict[str, dict]:
     """Per selected capability, the env its adapter trains on: the admitted generated env when there is one,
-    else the hand-written registered env of that capability (``trace/<capability>-v0``), marked so."""
+    else the newest hand-written registered env of that capability (``trace/<capability>-vN``), marked so."""
     import trace_envs
 
     admitted = ctx.summary("generate").get("admitted", {}) if ctx.done("generate") else {}
@@ -391,9 +403,8 @@ def capability_envs(ctx) -> dict[str, dict]:
         if cap in admitted and admitted[cap]:
             out[cap] = {"env_id": admitted[cap], "source": "generated"}
             continue
-        env_id = f"trace/{cap}-v0"
         try:
-            trace_envs.get_entry(env_id)
+            env_id = trace_envs.latest_capability_id(cap)
         except KeyError:
             continue
         gen = ctx.state["stages"].get("generate", {}).get("status")

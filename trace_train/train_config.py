@@ -49,7 +49,7 @@ class TrainConfig:
     """
 
     # ------------------------------------------------------------------ what to train
-    env_ids: list[str] = _help("capability env id(s) to train on, e.g. trace/precondition_verification-v0; several "
+    env_ids: list[str] = _help("capability env id(s) to train on, e.g. trace/precondition_verification-v1; several "
                                "ids train one adapter on their mixture (multi-capability GRPO)",
                                default_factory=list)
     model: str = _help("base model: a folder (e.g. from `trace model bootstrap`) or a hub id (offline: it must be in "
@@ -154,7 +154,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Check every value (called by ``__post_init__``); raises :class:`ConfigError` naming the field and the fix."""
         if not self.env_ids or not all(isinstance(e, str) and e for e in self.env_ids):
-            self._fail("env_ids", "give at least one env id, e.g. env_ids: [trace/precondition_verification-v0] "
+            self._fail("env_ids", "give at least one env id, e.g. env_ids: [trace/precondition_verification-v1] "
                                   "(`trace envs list` shows them)")
         if len(set(self.env_ids)) != len(self.env_ids):
             self._fail("env_ids", "list each env once")

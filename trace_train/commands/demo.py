@@ -11,7 +11,7 @@ runs). This tour needs no model: it shows the diagnosis finding exactly the gaps
 2. **Diagnose** (``trace diagnose``): contrast its successes and failures, label every trajectory
    with the offline labeler, keep the capabilities with Δ ≥ 0.20 and coverage ≥ 0.10.
 3. **Capability environments**: for each retained capability, its registered environment
-   (``trace/<capability>-v0``) is calibrated against the base agent and the oracle — the base agent
+   (``trace/<capability>-vN``, the newest) is calibrated against the base agent and the oracle — the base agent
    scores low where it lacks the capability, the oracle scores 1.0.
 
 Training one LoRA adapter per capability with GRPO and composing them (stages 3–4 of TRACE) need a
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     rows = []
     for capability in result.retained:
-        env_id = f"trace/{capability}-v0"
+        env_id = _latest_id(capability)
         if env_id not in known:
             rows.append([env_id, "-", "-", "not registered yet (the generator stage writes it)"])
             continue
@@ -135,3 +135,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
+
+
+def _latest_id(capability: str) -> str:
+    """The newest hand-written id of ``capability``, or its ``-v0`` name when none is registered yet."""
+    from trace_envs.core.registry import latest_capability_id
+
+    try:
+        return latest_capability_id(capability)
+    except KeyError:
+        return f"trace/{capability}-v0"

@@ -187,7 +187,7 @@ agents:
 
 examples:
   trace envs calibrate trace/tau_airline-v0 --agent tau:noisy --groups 32 --group-size 8
-  trace envs calibrate trace/structured_data_reasoning-v0 --agent tau:noisy --difficulty 4 --json cal.json
+  trace envs calibrate trace/structured_data_reasoning-v1 --agent tau:noisy --difficulty 4 --json cal.json
   trace envs calibrate trace/tau_retail-v0 --agent hf:runs/model --groups 16 --group-size 8 --temperature 0.8
 """
 
@@ -195,7 +195,7 @@ examples:
 def _register_calibrate(verbs, registry_help: str) -> None:
     p = verbs.add_parser("calibrate", help="GRPO-group statistics and pass@k of an agent on an environment",
                          description=_CALIBRATE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("env_id", metavar="ID", help="a registered id, e.g. trace/precondition_verification-v0")
+    p.add_argument("env_id", metavar="ID", help="a registered id, e.g. trace/precondition_verification-v1")
     p.add_argument("--agent", default="tau:noisy",
                    help="a registered agent name, hf:PATH or openai:MODEL@URL (default: tau:noisy)")
     p.add_argument("--groups", type=int, default=32, metavar="G", help="number of groups = env seeds (default: 32)")

@@ -3,12 +3,14 @@
     trace model build [--preset tiny] [--out DIR] [--envs ID ...]
     trace model bootstrap --target trace/tau_airline-v0 [--exclude-scenarios S ...] [--steps 300]
                           [--env-kwarg KEY=VALUE ...] [--mix ENV=SHARE ...] [--mix-env-kwarg KEY=VALUE ...]
+    trace model bootstrap --recipe trace_train/tiny/bases/embedded-default/recipe.json --out DIR
 
 ``build`` trains a tokenizer on the environments' own text, gives it TRL's Qwen3 chat template and
 saves a Qwen3 model, random-init but for the ``tiny`` preset's hand-set copy circuit (cached by preset
 and content). ``bootstrap`` is the SFT warm-up on
 oracle trajectories; leaving scenario families out gives a base model with known gaps. It writes the
-model, ``loss.json`` and ``loss_curve.png``. ``--mix`` adds a low share of other envs' oracle episodes
+model, ``loss.json`` and ``loss_curve.png``. ``--recipe`` replays a shipped base's recipe (every
+warm-up setting; bit for bit only on the CPU type it was built on). ``--mix`` adds a low share of other envs' oracle episodes
 (a warm-up mixture): a base for GRPO on a capability env must be sometimes right there.
 """
 
@@ -40,7 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = verbs.add_parser("bootstrap", help="SFT warm-up on a target env's oracle trajectories",
                          description="SFT warm-up of the tiny model on oracle trajectories of --target.")
-    p.add_argument("--target", required=True, metavar="ID", help="the env whose oracle is imitated")
+    p.add_argument("--target", metavar="ID", help="the env whose oracle is imitated (required without --recipe)")
+    p.add_argument("--recipe", metavar="FILE",
+                   help="a shipped base's recipe.json (trace_train/tiny/bases/*/recipe.json): every warm-up setting "
+                        "from it; only --out and --no-progress still apply")
     p.add_argument("--base", help="model folder to start from (default: build --preset)")
     p.add_argument("--preset", default="tiny", help="size preset when --base is not given (default: tiny)")
     p.add_argument("--exclude-scenarios", nargs="*", default=[], metavar="S",
@@ -70,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "or size='{\"bundle_prob\": 0}'")
     p.add_argument("--mix", action="append", default=[], metavar="ENV=SHARE",
                    help="warm-up mixture (repeatable): add SHARE x --train-seeds oracle episodes of ENV, e.g. "
-                        "--mix trace/precondition_verification-v0=0.05, so that the base is sometimes right on it "
+                        "--mix trace/precondition_verification-v1=0.05, so that the base is sometimes right on it "
                         "(GRPO needs groups that are not all 0)")
     p.add_argument("--mix-env-kwarg", action="append", default=[], metavar="KEY=VALUE",
                    help="gym.make kwarg of the --mix envs (repeatable), e.g. difficulty=1")
@@ -117,12 +122,44 @@ def _shares(items: list[str], flag: str, shape: str, example: str) -> dict[str, 
     return shares
 
 
+def _from_recipe(args):
+    import json
+    from pathlib import Path
+
+    from trace_train.models import BootstrapConfig
+
+    try:
+        recipe = json.loads(Path(args.recipe).read_text())
+        fields = dict(recipe["bootstrap"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CommandError(f"--recipe {args.recipe}: not a shipped base's recipe.json ({exc})") from exc
+    for key in ("exclude_scenarios",):
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    try:
+        return BootstrapConfig(**{**fields, "out": args.out})
+    except (TypeError, ValueError) as exc:
+        raise CommandError(f"--recipe {args.recipe}: {exc}") from exc
+
+
 def cmd_bootstrap(args) -> int:
     trace_envs = load_registries(args.registry)
+    if args.recipe:
+        from trace_train.models import bootstrap_model
+
+        cfg = _from_recipe(args)
+        check_env_ids(trace_envs, [cfg.target])
+        result = bootstrap_model(cfg, progress=not args.no_progress)
+        print(f"trained {len(result.losses)} steps in {result.seconds:.0f}s; loss {result.losses[0]:.3f} -> "
+              f"{result.losses[-1]:.3f}")
+        print(result.path)
+        return 0
+    if not args.target:
+        raise CommandError("give --target ID (the env whose oracle is imitated) or --recipe FILE")
     check_env_ids(trace_envs, [args.target])
     from trace_train.models import PRESETS, BootstrapConfig, bootstrap_model
 
-    mixture = _shares(args.mix, "--mix", "ENV=SHARE", "trace/precondition_verification-v0=0.05")
+    mixture = _shares(args.mix, "--mix", "ENV=SHARE", "trace/precondition_verification-v1=0.05")
     check_env_ids(trace_envs, list(mixture))
     scenario_shares = _shares(args.scenario_share, "--scenario-share", "FAMILY=SHARE", "cancel=0.1")
 

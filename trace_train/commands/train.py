@@ -1,6 +1,6 @@
 """``trace train``: one LoRA adapter per capability, by GRPO on its env (or the SFT baseline).
 
-    trace train --env trace/precondition_verification-v0 --model MODEL_DIR --out runs/train/pv
+    trace train --env trace/precondition_verification-v1 --model MODEL_DIR --out runs/train/pv
     trace train --config train.yaml [--env ID ...] [--model M] [--out DIR] [--set FIELD=VALUE ...]
     trace train --env A --env B ... --model M --out DIR     # one adapter on a mixture (multi-capability GRPO)
     trace train --sft --env A --env B ... --model M --out DIR   # SFT of a LoRA on the envs' oracle episodes

@@ -91,7 +91,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             config's ``compose.options.train``); FACTS.md §1 defaults.
         adapter_envs: adapter name -> env ids whose episodes it labels (default: the envs in the
             adapter's ``trace_adapter.json``, written by ``trace train``; else the env whose capability is
-            the adapter's name, e.g. ``trace/precondition_verification-v0``).
+            the adapter's name, e.g. ``trace/precondition_verification-v1``).
         baselines: which of ``linear``, ``ties``, ``per_episode`` to build as well.
         min_reward: count an episode as successful at reward >= this (default: its ``success`` flag).
         max_length: tokens per episode at most (longer ones are cut).
