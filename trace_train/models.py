@@ -45,6 +45,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -175,11 +176,24 @@ def qwen3_chat_template() -> str:
 
 
 def default_corpus_envs() -> list[str]:
-    """The env ids whose text trains the tokenizer when none are named: every registered id without requirements."""
-    import trace_envs
+    """The env ids whose text trains the tokenizer when none are named.
 
-    ids = [e.id for e in trace_envs.registered() if not e.requires]
-    return sorted(ids)
+    The built-in registry's envs without requirements, each at its first published version: a stable set,
+    so that a new ``-vN`` of an env, or a workspace of generated envs named by ``TRACE_REGISTRY``, never
+    changes the tokenizer, and with it the content key and the base a recipe builds.
+    """
+    import trace_envs
+    from trace_envs.core.registry import BUILTIN_REGISTRY
+
+    first: dict[str, tuple[int, str]] = {}
+    for e in trace_envs.registered():
+        if e.requires or Path(e.source or "").resolve() != BUILTIN_REGISTRY.resolve():
+            continue
+        name, _, version = e.id.rpartition("-v")
+        v = int(version) if version.isdigit() else 0
+        if name not in first or v < first[name][0]:
+            first[name] = (v, e.id)
+    return sorted(env_id for _, env_id in first.values())
 
 
 def env_corpus(env_ids: Sequence[str], seeds: Iterable[int] = range(8)) -> list[str]:
@@ -203,7 +217,9 @@ def env_corpus(env_ids: Sequence[str], seeds: Iterable[int] = range(8)) -> list[
         for kwargs in ([{}, compact] if compact else [{}]):
             for seed in seeds:
                 try:
-                    record = rollout(env_id, OracleAgent(), seed=seed, env_kwargs=kwargs)
+                    with warnings.catch_warnings():  # gymnasium warns that a -v0 has a newer version: it is meant
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        record = rollout(env_id, OracleAgent(), seed=seed, env_kwargs=kwargs)
                 except Exception as exc:  # a broken env must not stop the build; its text is just missing
                     logger.warning("corpus: oracle rollout of %s seed %s failed: %s", env_id, seed, exc)
                     break

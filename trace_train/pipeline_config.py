@@ -514,7 +514,7 @@ def embedded_default(**overrides: Any) -> RunConfig:
     data = {
         "out": "runs/trace",
         "base": {"kind": "tiny", "preset": "tiny", "max_new_tokens": 96, "bootstrap": {
-            "target": "trace/tau_airline-v0", "train_seeds": 4000, "pretrain_frac": 0.5, "steps": 1200, "threads": 2,
+            "target": "trace/tau_airline-v0", "train_seeds": 4000, "pretrain_frac": 0.5, "steps": 1200, "threads": 1,
             "max_length": 8192, "env_kwargs": target_kwargs, "scenario_shares": {"cancel": 0.1}}},
         # One request per conversation takes the oracle under 10 turns: 16 caps what a lost base spends.
         "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "in_flight": 40, "workers": 2,

@@ -1,0 +1,110 @@
+"""Ship a warmed-up tiny base with the project: ``trace_train/tiny/bases/<name>/`` (maintainers' tool).
+
+    python scripts/ship_base.py                       # warm up the embedded default's recipe, measure, ship
+    python scripts/ship_base.py --model DIR           # ship a base already warmed up with that recipe
+
+1. Warms up (or takes ``--model``) the base that the embedded default's ``base.bootstrap`` recipe gives.
+2. Copies the model folder (weights, tokenizer, ``trace_model.json``, ``loss.json``, ``loss_curve.png``) to
+   ``trace_train/tiny/bases/<name>/`` with ``recipe.json``: the recipe, the cache name it gives, the build
+   version, the CPU it was built on, and the warm-up's steps, seconds and final loss.
+3. Measures what it solves exactly as ``trace run`` would see it: ``trace run --until rollout`` of the
+   embedded default in a scratch run directory (which installs the shipped copy into an empty model cache),
+   and records the diagnosis episodes solved, per request family, in ``recipe.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+COPIED = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+          "chat_template.jinja", "trace_model.json", "loss.json", "loss_curve.png")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a base warmed up with the embedded default's recipe (default: warm one up)")
+    ap.add_argument("--name", default="embedded-default", help="folder name under trace_train/tiny/bases/")
+    args = ap.parse_args()
+
+    from trace_train.models import BUILD_VERSION, bootstrap_model, model_metadata
+    from trace_train.pipeline_config import embedded_default
+    from trace_train.pipeline_stages import tiny_base_cache_dir, tiny_bootstrap_config
+
+    cfg = embedded_default()
+    bcfg = tiny_bootstrap_config(cfg.base, cfg.rollout.targets[0])
+    cache_name = tiny_base_cache_dir(bcfg).name
+    model = Path(args.model) if args.model else None
+    if model is None:
+        model = Path(tempfile.mkdtemp(prefix="trace-ship-")) / "base"
+        bcfg.out = str(model)
+        bootstrap_model(bcfg, progress=True)
+        bcfg.out = None
+    meta = model_metadata(model).get("bootstrap", {})
+    recipe_fields = {k: v for k, v in asdict(bcfg).items() if k != "out"}
+    if meta.get("steps") != bcfg.steps:
+        raise SystemExit(f"{model} ran {meta.get('steps')} warm-up steps, the recipe {bcfg.steps}: not this recipe")
+
+    dest = ROOT / "trace_train" / "tiny" / "bases" / args.name
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in COPIED:
+        if (model / name).exists():
+            shutil.copy2(model / name, dest / name)
+    recipe = {"cache_name": cache_name, "build_version": BUILD_VERSION, "bootstrap": recipe_fields,
+              "built_on": {"cpu": cpu_model(), "machine": platform.machine(), "threads": bcfg.threads},
+              "warmup": {"steps": meta.get("steps"), "train_seconds": meta.get("train_seconds"),
+                         "final_loss": meta.get("final_loss"), "examples": meta.get("examples"),
+                         "scenario_counts": meta.get("scenario_counts")}}
+    (dest / "recipe.json").write_text(json.dumps(recipe, indent=1, default=list) + "\n")
+
+    # What it solves, as `trace run` sees it: the shipped copy installed into an empty cache.
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TRACE_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-m", "trace_train.cli", "run", "--out", str(Path(tmp) / "run"),
+                        "--until", "rollout"], check=True, env=env, cwd=ROOT)
+        records = [json.loads(line) for line in
+                   (Path(tmp) / "run" / "rollouts" / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+        base_summary = json.loads((Path(tmp) / "run" / "stages.json").read_text())
+    solved = Counter()
+    seen = Counter()
+    for r in records:
+        family = ((r.get("task") or {}).get("families") or ["?"])[0]
+        seen[family] += 1
+        solved[family] += int(bool(r.get("success")))
+    recipe["solve_rate"] = {"episodes": len(records), "solved": sum(solved.values()),
+                            "seeds": cfg.rollout.seeds, "target": cfg.rollout.targets[0],
+                            "by_family": {f: f"{solved[f]}/{seen[f]}" for f in sorted(seen)},
+                            "installed_from_shipped": base_summary["stages"]["base"].get("summary", {}).get("shipped")}
+    (dest / "recipe.json").write_text(json.dumps(recipe, indent=1, default=list) + "\n")
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    print(f"shipped {dest} ({size / 2**20:.1f} MB): solves {recipe['solve_rate']['solved']}/{len(records)} "
+          f"diagnosis episodes, {recipe['solve_rate']['by_family']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

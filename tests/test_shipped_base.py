@@ -1,0 +1,97 @@
+"""The warmed-up tiny base shipped with the project (``trace_train/tiny/bases/``).
+
+The embedded default's recipe gives the shipped base's cache name, so ``trace run`` installs it instead of
+warming up; it loads offline with ``transformers``; a config whose recipe differs does not match it and
+warms up a new base instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from trace_train.pipeline_config import embedded_default
+from trace_train.pipeline_stages import _cached_base, tiny_base_cache_dir, tiny_bootstrap_config
+from trace_train.tiny.shipped import find_shipped_base, install_shipped_base, shipped_bases
+
+
+def _default_bcfg():
+    cfg = embedded_default()
+    return tiny_bootstrap_config(cfg.base, cfg.rollout.targets[0])
+
+
+def test_the_embedded_default_recipe_matches_a_shipped_base():
+    bcfg = _default_bcfg()
+    shipped = find_shipped_base(tiny_base_cache_dir(bcfg).name)
+    assert shipped is not None, [b.cache_name for b in shipped_bases()]
+    recipe = shipped.recipe
+    # The recipe written beside the model is the embedded default's warm-up, field for field.
+    from dataclasses import asdict
+
+    expected = {k: v for k, v in asdict(bcfg).items() if k != "out"}
+    assert json.loads(json.dumps(expected, default=list)) == recipe["bootstrap"]
+    assert recipe["solve_rate"]["episodes"] == 40 and 0 <= recipe["solve_rate"]["solved"] <= 40
+    size = sum(p.stat().st_size for p in shipped.path.iterdir())
+    assert size <= 25 * 2**20, size
+
+
+def test_the_shipped_base_loads_offline_and_writes_a_tool_call():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shipped = find_shipped_base(tiny_base_cache_dir(_default_bcfg()).name)
+    tok = AutoTokenizer.from_pretrained(shipped.path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(shipped.path, local_files_only=True)
+    meta = json.loads((shipped.path / "trace_model.json").read_text())
+    assert meta["bootstrap"]["steps"] == shipped.recipe["bootstrap"]["steps"]
+    # TRL's Qwen3 chat template, byte for byte, so TRL's tool-call parser works on it.
+    from trace_train.models import qwen3_chat_template
+
+    assert tok.chat_template == qwen3_chat_template()
+    ids = tok("<|im_start|>assistant\n", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
+def test_install_copies_it_into_the_cache_and_a_changed_recipe_warms_up_instead(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACE_CACHE", str(tmp_path))
+    bcfg = _default_bcfg()
+    path = tiny_base_cache_dir(bcfg)
+    assert str(path).startswith(str(tmp_path))
+    assert not _cached_base(path)
+    installed = install_shipped_base(path)
+    assert installed is not None and _cached_base(path)
+    assert not list(tmp_path.glob("models/*.partial"))
+    other = replace(bcfg, steps=bcfg.steps + 1)
+    assert tiny_base_cache_dir(other).name != path.name
+    assert find_shipped_base(tiny_base_cache_dir(other).name) is None
+    assert install_shipped_base(tiny_base_cache_dir(other)) is None
+
+
+def test_the_base_stage_estimate_says_shipped_or_warm_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACE_CACHE", str(tmp_path))
+    from trace_train.pipeline_stages import estimate_base
+
+    class Ctx:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+    seconds, why = estimate_base(Ctx(embedded_default()))
+    assert "shipped" in why and seconds < 10
+    changed = embedded_default()
+    changed.base.bootstrap = {**changed.base.bootstrap, "steps": 7}
+    seconds, why = estimate_base(Ctx(changed))
+    assert "warm-up" in why and seconds > 10
+
+
+@pytest.mark.parametrize("bad", ["{}", "not json"])
+def test_a_bad_recipe_file_is_a_clear_error(tmp_path, bad, capsys):
+    from trace_train import cli
+
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(bad)
+    assert cli.main(["model", "bootstrap", "--recipe", str(recipe)]) == 2
+    assert "not a shipped base's recipe.json" in capsys.readouterr().err
