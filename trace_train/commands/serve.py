@@ -10,6 +10,7 @@ a ``seed``; see docs/serve.md for each client (OpenEnv's EnvClient and MCPToolCl
 WebSocket, JSON-RPC over ``POST /mcp``). ``--token`` (or TRACE_SERVE_TOKEN) makes every request
 carry ``Authorization: Bearer <token>``. SIGINT/SIGTERM close every session's env (an SWE
 session's container with it); after a SIGKILL, ``trace swe cleanup --only-dead`` removes what is left.
+``trace serve --build-image`` builds the server's Docker image (no registry needed).
 """
 
 from __future__ import annotations
@@ -38,12 +39,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token", default=None,
                    help="require 'Authorization: Bearer TOKEN' on every request (default: $TRACE_SERVE_TOKEN)")
     p.add_argument("--ui", action="store_true", help="also serve the web playground at /ui")
+    p.add_argument("--build-image", action="store_true",
+                   help="build the server's Docker image (Dockerfile at the repository root; no registry needed) "
+                        "and print its tag, instead of serving")
+    p.add_argument("--from-registry", metavar="IMAGE",
+                   help="with --build-image: build the base from this registry image (e.g. python:3.11-slim)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--registry", action="append", default=[], metavar="PATH", help=REGISTRY_HELP)
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
+    if args.build_image:
+        from trace_envs.adapters.serve_image import build_serve_image
+
+        try:
+            print(build_serve_image(from_registry=args.from_registry))
+        except Exception as exc:  # no engine, no debootstrap: say what is missing
+            raise CommandError(f"building the server image failed: {exc}") from exc
+        return 0
     if args.max_sessions < 1:
         raise CommandError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if args.max_message_bytes < 1024:
