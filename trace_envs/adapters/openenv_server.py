@@ -377,7 +377,9 @@ class TraceOpenEnv(MCPEnvironment):
         extra = {k: v for k, v in info.items()
                  if k not in ("messages", "tools", "reward", "reward_breakdown", "success", "termination")}
         breakdown = info.get("reward_breakdown")
-        return TraceObservation(
+        # model_construct: the fields come from the env (already valid), and validating the whole transcript
+        # again on every step costs more than the env's own step.
+        return TraceObservation.model_construct(
             text=text, done=done, reward=reward, messages=info.get("messages") or [],
             tool_schemas=info.get("tools") or [], env_id=self._state.env_id, seed=self._state.seed,
             reward_breakdown=_jsonable(breakdown) if breakdown is not None else None,
