@@ -184,6 +184,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--episodes", type=int, default=6, help="episodes per session (default: 6)")
     ap.add_argument("--seeds", type=int, default=64, help="distinct seeds (default: 64)")
+    ap.add_argument("--transports", nargs="+", default=["ws", "http"], choices=["ws", "http"])
     args = ap.parse_args()
 
     plans, inproc_lat, inproc_tp = oracle_plans(args.env_id, range(args.seeds))
@@ -195,7 +196,7 @@ def main() -> None:
     proc, url = start_server(max(args.sessions) + 4)
     rows = []
     try:
-        for transport in ("ws", "http"):
+        for transport in args.transports:
             for n in args.sessions:
                 asyncio.run(run_config(transport, url, args.env_id, plans, n, 1))  # warm-up (connections, caches)
                 r = asyncio.run(run_config(transport, url, args.env_id, plans, n, args.episodes))
