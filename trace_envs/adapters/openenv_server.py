@@ -504,7 +504,8 @@ class _Guard:
             if key == b"authorization":
                 given = value.decode("latin-1")
                 return given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), self.token)
-        if scope["type"] == "websocket":  # browsers cannot set headers on a WebSocket: the playground uses ?token=
+        if scope["type"] == "websocket" or scope.get("path") == "/ui":
+            # Browsers cannot set headers on a WebSocket or on the page they open: the playground uses ?token=
             from urllib.parse import parse_qs
 
             given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
