@@ -426,3 +426,28 @@ def test_openenv_yaml_is_valid_for_openenv():
     from trace_envs.adapters import openenv_server
 
     assert callable(openenv_server.app_from_environment)  # what `app` resolves to (built lazily)
+
+
+def test_trl_environment_factory_runs_its_episodes_on_the_server(server):
+    """TRL's environment_factory class with ``server_url``: the tools and the user tool step a server
+    session, and ``get_reward`` is the server's reward (the id need not be registered client-side)."""
+    from trace_envs.adapters import trl as adapter
+    from trace_envs.adapters.openenv_server import RemoteTraceEnv
+
+    factory = adapter.environment_factory(TAU, server_url=server.url)
+    local = adapter.environment_factory(TAU)
+    assert factory.tool_schemas == local.tool_schemas  # the same tools, read from the server's episode
+    env = factory()
+    oracle = _Oracle(TAU, 9)
+    opening = env.reset(seed=9, prompt=[])
+    assert isinstance(env.env, RemoteTraceEnv) and opening and _stats(server)["gym_envs"] == 1
+    for _ in range(60):
+        name, arguments = _as_mcp_call(oracle("", env.messages, factory.tool_schemas))
+        getattr(env, name)(**arguments)
+        if env.done:
+            break
+    oracle.close()
+    assert env.get_reward() == 1.0 and env.termination == "user_stop"
+    assert env.trajectory["reward_breakdown"]["db"] == 1.0
+    env._close()
+    assert _wait_idle(server)["gym_envs"] == 0

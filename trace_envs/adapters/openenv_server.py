@@ -785,3 +785,55 @@ def __getattr__(name: str):
         globals()["app"] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------------------- a Gymnasium env over the server
+
+
+class RemoteTraceEnv(gym.Env):
+    """A Gymnasium env whose episodes run on a ``trace serve`` server (one WebSocket session).
+
+    ``reset``/``step`` return what a local TRACE env returns (the observation text; ``info`` with
+    ``messages``, ``tools`` and, at the end, ``reward``, ``reward_breakdown``, ``success`` and
+    ``termination``), so code written against ``gym.make`` (``trace_envs.rollout``, the TRL adapter's
+    ``environment_factory(..., server_url=...)``) plays remote episodes unchanged. An episode the server
+    cut at ``max_episode_steps`` comes back truncated, not terminated.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, base_url: str, env_id: str, env_kwargs: dict | None = None, token: str | None = None,
+                 message_timeout_s: float = 300.0):
+        from trace_envs.core.spaces import UnicodeText
+
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._client = TraceEnvClient(base_url=base_url, headers=headers,
+                                      message_timeout_s=message_timeout_s).sync()
+        self.observation_space = UnicodeText(max_length=2_000_000)
+        self.action_space = UnicodeText(max_length=2_000_000)
+
+    @staticmethod
+    def _info(obs: TraceObservation, done: bool) -> dict:
+        info = {**(obs.metadata or {}), "messages": obs.messages, "tools": obs.tool_schemas}
+        if done:
+            info.update(reward=float(obs.reward or 0.0), reward_breakdown=obs.reward_breakdown,
+                        success=bool(obs.success), termination=obs.termination)
+        return info
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        result = self._client.reset(env_id=self.env_id, seed=seed, options=options, env_kwargs=self.env_kwargs)
+        return result.observation.text, self._info(result.observation, False)
+
+    def step(self, action: Any):
+        result = self._client.step(TraceAction(message=action))
+        obs, done = result.observation, bool(result.done)
+        cut = done and obs.termination == "max_steps"
+        return obs.text, float(result.reward or 0.0), done and not cut, cut, self._info(obs, done)
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:  # the server may be gone already; nothing is left to free on this side
+            pass
