@@ -35,6 +35,8 @@ from trace_envs.adapters.openenv_server import (  # noqa: E402
 )
 from trace_envs.adapters.trl import USER_TOOL  # noqa: E402
 
+from test_trl_adapter import trace_cache  # noqa: E402,F401 - the warmed-model cache fixture
+
 TAU = "trace/tau_airline-v0"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -451,3 +453,68 @@ def test_trl_environment_factory_runs_its_episodes_on_the_server(server):
     assert env.trajectory["reward_breakdown"]["db"] == 1.0
     env._close()
     assert _wait_idle(server)["gym_envs"] == 0
+
+
+def test_grpo_trainer_runs_two_steps_through_the_server(tmp_path, trace_cache):
+    """TRL's GRPOTrainer, the nano model warmed as in tests/test_trl_adapter.py, every rollout a session of
+    ``trace serve``: TRL logs the server's rewards, and each equals a local replay of the same turns."""
+    pytest.importorskip("trl")
+    import statistics
+
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from test_trl_adapter import (COMPLETION_MARGIN, EXAMPLE, ROLLOUTS_PER_STEP, _grpo_env_kwargs, _replay_reward,
+                                  _warm_model)
+    from trace_envs.adapters import trl as adapter
+    from trace_envs.adapters.openenv_server import RemoteTraceEnv
+
+    torch.set_num_threads(1)
+    env_kwargs = _grpo_env_kwargs(EXAMPLE)
+    model_path, seeds, completion_tokens = _warm_model(EXAMPLE, adapter.environment_factory(EXAMPLE, **env_kwargs),
+                                                       env_kwargs)
+    calls: list[dict] = []
+    with ServerThread(build_app([EXAMPLE])) as srv:
+        base = adapter.environment_factory(EXAMPLE, server_url=srv.url, **env_kwargs)
+
+        class Recorded(base):
+            def get_reward(self):
+                value = super().get_reward()
+                calls.append({"reward": value, "seed": self._seed, "messages": self.messages,
+                              "termination": self.termination, "remote": isinstance(self.env, RemoteTraceEnv)})
+                return value
+
+        Recorded.__name__ = Recorded.__qualname__ = base.__name__
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        steps = trace_envs_entry_steps(EXAMPLE)
+        args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=ROLLOUTS_PER_STEP,
+                          num_generations=2, max_completion_length=completion_tokens + COMPLETION_MARGIN,
+                          max_tool_calling_iterations=steps, temperature=0.2, learning_rate=1e-4, beta=0.0,
+                          logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
+                          gradient_checkpointing=False, seed=0, disable_tqdm=True)
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args,
+                              train_dataset=adapter.make_dataset(EXAMPLE, seeds=seeds, env_kwargs=env_kwargs),
+                              environment_factory=Recorded,
+                              peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                     task_type="CAUSAL_LM"))
+        trainer.train()
+        assert _stats(srv)["sessions"] >= 1  # TRL keeps its pooled instances (their sessions) open
+    assert len(calls) == 2 * ROLLOUTS_PER_STEP and all(c["remote"] for c in calls)
+    key = f"rewards/{base.__name__}"
+    logged = [entry for entry in trainer.state.log_history if f"{key}/mean" in entry]
+    assert len(logged) == 2
+    for step, entry in enumerate(logged):
+        batch = [c["reward"] for c in calls[ROLLOUTS_PER_STEP * step: ROLLOUTS_PER_STEP * (step + 1)]]
+        assert entry[f"{key}/mean"] == pytest.approx(statistics.fmean(batch), abs=1e-6)
+    for c in calls:  # the server's reward is the env's: a local replay of the model's turns agrees
+        assert c["reward"] == pytest.approx(_replay_reward(EXAMPLE, c["seed"], c["messages"], env_kwargs)[0])
+    assert any(c["reward"] > 0 for c in calls), [(c["seed"], c["termination"]) for c in calls]
+
+
+def trace_envs_entry_steps(env_id: str) -> int:
+    import trace_envs
+
+    return trace_envs.get_entry(env_id).max_episode_steps or 20
