@@ -518,3 +518,124 @@ def trace_envs_entry_steps(env_id: str) -> int:
     import trace_envs
 
     return trace_envs.get_entry(env_id).max_episode_steps or 20
+
+
+# ----------------------------------------------------------------------------- SWE sessions: their sandboxes go with them
+
+
+FIXTURE = Path(__file__).parent / "fixtures"
+MINICALC_KW = {"repos": ["minicalc"], "instances_dir": str(FIXTURE / "minicalc_instances")}
+
+
+@pytest.fixture(scope="module")
+def minicalc():
+    from trace_envs.swe.repos import RepoSpec, materialize, save_repo
+
+    spec = RepoSpec("minicalc", f"dir:{FIXTURE / 'minicalc'}", ("tests",), (".",))
+    save_repo(spec)
+    return materialize(spec)
+
+
+def _swe_session(srv, sandbox: str):
+    """An SWE episode on the server, one tool call in; returns (socket, the session's env)."""
+    ws = connect(_ws_url(srv), max_size=None).__enter__()
+    ws.send(json.dumps({"type": "reset", "data": {"env_id": "trace/swe_repo-v0", "seed": 0,
+                                                  "env_kwargs": {"sandbox": sandbox, **MINICALC_KW}}}))
+    reply = json.loads(ws.recv(timeout=300))
+    assert reply["type"] == "observation", reply
+    names = [t["function"]["name"] for t in reply["data"]["observation"]["tool_schemas"]]
+    tool = "list_files" if "list_files" in names else names[0]
+    ws.send(json.dumps({"type": "step", "data": {"type": "call_tool", "tool_name": tool, "arguments": {}}}))
+    assert json.loads(ws.recv(timeout=120))["type"] == "observation"
+    [adapter] = [a for a in srv.app.live.snapshot() if a.gym_env is not None]
+    env = adapter.gym_env.unwrapped
+    assert env.open_resources(), "the SWE episode holds a sandbox"
+    return ws, env
+
+
+def test_an_swe_session_closes_its_sandbox_when_the_client_disconnects(minicalc):
+    with ServerThread(build_app(["trace/swe_repo-v0"])) as srv:
+        with pytest.warns(RuntimeWarning):  # the local sandbox says it isolates nothing
+            ws, env = _swe_session(srv, "local")
+        ws.socket.close()  # gone mid-episode, no close handshake
+        assert _wait_idle(srv)["gym_envs"] == 0
+        assert env.open_resources() == []
+
+
+def _need_docker() -> None:
+    from conftest import REQUIREMENT_CHECKS, allowed_missing
+
+    ok, why = REQUIREMENT_CHECKS["docker"]()
+    if not ok:
+        if "docker" in allowed_missing():
+            pytest.skip(why)
+        pytest.fail(f"this test needs Docker ({why}); run scripts/setup_docker.sh or set TRACE_ALLOW_MISSING=docker")
+    from trace_envs.swe.images import base_image_tag, build_base_image, docker_client, image_exists
+
+    if not image_exists(docker_client(), base_image_tag()):
+        build_base_image(verbose=True)
+
+
+def _our_containers() -> list:
+    from trace_envs.swe.sandbox import labelled_containers
+
+    return [c for c in labelled_containers(all_owners=True) if c.status != "removing"]
+
+
+def test_an_swe_sessions_container_is_removed_on_disconnect_and_after_a_sigkill(minicalc, tmp_path):
+    """Docker sandboxes: a session's container goes when its client leaves; when the server is SIGKILLed, the
+    existing cleanup (``trace swe cleanup --only-dead``: the owner pid label) finds and removes what it left."""
+    _need_docker()
+    from trace_envs.swe.sandbox import cleanup_containers
+
+    before = {c.id for c in _our_containers()}
+    with ServerThread(build_app(["trace/swe_repo-v0"])) as srv:
+        ws, env = _swe_session(srv, "docker")
+        assert {c.id for c in _our_containers()} - before, "the session started a container"
+        ws.socket.close()
+        assert _wait_idle(srv)["gym_envs"] == 0 and env.open_resources() == []
+    deadline = time.monotonic() + 30
+    while {c.id for c in _our_containers()} - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not {c.id for c in _our_containers()} - before
+
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env_vars = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "trace_train.cli", "serve", "trace/swe_repo-v0", "--port",
+                             str(port), "--log-level", "warning"], env=env_vars, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        with connect(url.replace("http://", "ws://") + "/ws", max_size=None) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"seed": 0, "env_kwargs": {"sandbox": "docker",
+                                                                                    **MINICALC_KW}}}))
+            assert json.loads(ws.recv(timeout=300))["type"] == "observation"
+            ws.send(json.dumps({"type": "step", "data": {"type": "call_tool", "tool_name": "list_files",
+                                                         "arguments": {}}}))
+            assert json.loads(ws.recv(timeout=120))["type"] == "observation"
+            left = {c.id for c in _our_containers()} - before
+            assert left, "the server's session started a container"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left <= {c.id for c in _our_containers()}  # a SIGKILLed owner cleans up nothing itself
+    cleanup_containers(only_dead_owners=True)
+    deadline = time.monotonic() + 30
+    while left & {c.id for c in _our_containers()} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left & {c.id for c in _our_containers()}
