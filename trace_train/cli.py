@@ -49,7 +49,7 @@ _EXTRA_OF = {
     "accelerate": "train", "tokenizers": "train", "matplotlib": "train", "tqdm": "train",
     "docker": "swe", "git": "swe", "libcst": "swe",
     "openai": "llm", "vllm": "vllm", "openenv": "serve", "fastapi": "serve", "fastmcp": "serve",
-    "uvicorn": "serve",
+    "uvicorn": "serve", "websockets": "serve",
 }
 
 
