@@ -8,7 +8,8 @@ spend no time choosing). Measured per configuration:
 * latency of one step as the client sees it (send → the observation parsed), p50 and p99;
 * throughput: steps per second of wall time, all sessions together (resets included, as in-process);
 * cost per step: wall time / steps, i.e. what one step costs the saturated server (plus this process's
-  client work, on the same cores).
+  client work, on the same cores);
+* the server process's CPU time per step (from /proc): its own work, independent of the machine's load.
 
 The anchor is the in-process ``env.step`` of the same episodes, measured in this run: its latency p50/p99
 and its throughput (one thread: in-process sessions add no parallelism under the GIL). Printed: each
@@ -155,6 +156,12 @@ async def run_config(transport: str, url: str, env_id: str, plans: dict, n: int,
             "steps": steps}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc): the server's own work, whatever the load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -199,7 +206,9 @@ def main() -> None:
         for transport in args.transports:
             for n in args.sessions:
                 asyncio.run(run_config(transport, url, args.env_id, plans, n, 1))  # warm-up (connections, caches)
+                cpu = cpu_seconds(proc.pid)
                 r = asyncio.run(run_config(transport, url, args.env_id, plans, n, args.episodes))
+                r["server_cpu"] = (cpu_seconds(proc.pid) - cpu) / r["steps"]
                 rows.append((transport, n, r))
                 stats = httpx.get(url + "/trace/stats", timeout=10).json()
                 assert stats["sessions"] == 0, stats  # every session was freed
@@ -207,20 +216,23 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
     head = (f"{'transport':9} {'sessions':>8} {'steps':>6} {'p50 ms':>8} {'p99 ms':>8} {'p50 ×':>7} "
-            f"{'p50 +ms':>8} {'steps/s':>8} {'tput ×':>7} {'ms/step':>8} {'cost +ms':>8}")
+            f"{'p50 +ms':>8} {'steps/s':>8} {'tput ×':>7} {'ms/step':>8} {'cost +ms':>8} {'srv cpu':>8}")
     print(head)
     print("-" * len(head))
     for transport, n, r in rows:
         print(f"{transport:9} {n:8d} {r['steps']:6d} {r['p50'] * 1e3:8.3f} {r['p99'] * 1e3:8.3f} "
               f"{r['p50'] / in50:7.0f} {(r['p50'] - in50) * 1e3:8.3f} {r['throughput']:8.0f} "
-              f"{r['throughput'] / inproc_tp:7.3f} {r['cost'] * 1e3:8.3f} {(r['cost'] - 1 / inproc_tp) * 1e3:8.3f}")
+              f"{r['throughput'] / inproc_tp:7.3f} {r['cost'] * 1e3:8.3f} {(r['cost'] - 1 / inproc_tp) * 1e3:8.3f} "
+              f"{r['server_cpu'] * 1e3:8.3f}")
     print("\np50 ×, tput ×: ratios to in-process env.step; p50 +ms: latency overhead (queueing behind the other "
           "sessions included);\ncost +ms: wall time per step beyond in-process (the saturated server's work per "
-          "step, client work on the same cores included).")
+          "step, client work on the same cores included);\nsrv cpu: the server process's CPU ms per step (resets included; "
+          "in-process, a step and its share of resets cost 'ms/step' of the anchor).")
     goal = next((r for t, n, r in rows if t == "ws" and n == 16), None)
     if goal is not None:
         print(f"goal (p50 overhead ≤ 1 ms at 16 sessions, WebSocket): latency overhead "
-              f"{(goal['p50'] - in50) * 1e3:.3f} ms, cost overhead {(goal['cost'] - 1 / inproc_tp) * 1e3:.3f} ms")
+              f"{(goal['p50'] - in50) * 1e3:.3f} ms, cost overhead {(goal['cost'] - 1 / inproc_tp) * 1e3:.3f} ms, "
+              f"server CPU {goal['server_cpu'] * 1e3:.3f} ms/step vs {1e3 / inproc_tp:.3f} in-process")
 
 
 if __name__ == "__main__":

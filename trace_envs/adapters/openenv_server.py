@@ -680,8 +680,13 @@ def build_app(env_ids: Sequence[str] = (), *, max_sessions: int = DEFAULT_MAX_SE
 def serve(env_ids: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 8000,
           max_sessions: int = DEFAULT_MAX_SESSIONS, idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
           max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None, ui: bool = False,
-          log_level: str = "info") -> None:
-    """Run the server until SIGINT/SIGTERM (then every session's env is closed)."""
+          ws_compression: bool = False, log_level: str = "info") -> None:
+    """Run the server until SIGINT/SIGTERM (then every session's env is closed).
+
+    ``ws_compression`` offers permessage-deflate to WebSocket clients (OpenEnv's client accepts it). Off by
+    default: observations carry the whole transcript, and deflating it costs the server about 0.5 ms a
+    step (several times an env step) to save bandwidth a local or cluster network does not need.
+    """
     import uvicorn
 
     app = build_app(env_ids, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
@@ -690,7 +695,8 @@ def serve(env_ids: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 8
         # The guard answers oversized messages itself; uvicorn's own cap only stops a flood beyond it.
         # Keep-alive beyond uvicorn's 5 s: a trainer's HTTP session may pause between steps while it generates.
         uvicorn.run(app, host=host, port=port, log_level=log_level, ws_max_size=max_message_bytes * 2 + 65536,
-                    ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_keep_alive=75)
+                    ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_keep_alive=75,
+                    ws_per_message_deflate=ws_compression)
     finally:
         app.close_all()
 
@@ -743,7 +749,8 @@ class ServerThread:
         limit = max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
         self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    ws_max_size=limit * 2 + 65536, lifespan="on"))
+                                                    ws_max_size=limit * 2 + 65536, lifespan="on",
+                                                    ws_per_message_deflate=False))
         self.thread = threading.Thread(target=self.server.run, name="trace-serve", daemon=True)
         self.url = ""
 

@@ -39,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token", default=None,
                    help="require 'Authorization: Bearer TOKEN' on every request (default: $TRACE_SERVE_TOKEN)")
     p.add_argument("--ui", action="store_true", help="also serve the web playground at /ui")
+    p.add_argument("--ws-compression", action="store_true",
+                   help="offer permessage-deflate on WebSockets (saves bandwidth on slow links; costs server CPU)")
     p.add_argument("--build-image", action="store_true",
                    help="build the server's Docker image (Dockerfile at the repository root; no registry needed) "
                         "and print its tag, instead of serving")
@@ -76,5 +78,5 @@ def cmd_serve(args) -> int:
               "episodes (set --token or TRACE_SERVE_TOKEN)", flush=True)
     serve(args.env_ids, host=args.host, port=args.port, max_sessions=args.max_sessions,
           idle_timeout_s=args.idle_timeout or None, max_message_bytes=args.max_message_bytes, token=token,
-          ui=args.ui, log_level=args.log_level)
+          ui=args.ui, ws_compression=args.ws_compression, log_level=args.log_level)
     return 0
