@@ -37,6 +37,7 @@ COMMAND_MODULES: list[str] = [
     "run",
     "train",
     "compose",
+    "serve",
 ]
 
 #: Packages of this project: an ImportError naming one of them is a bug, never a missing extra.
@@ -47,7 +48,8 @@ _EXTRA_OF = {
     "torch": "train", "transformers": "train", "trl": "train", "peft": "train", "datasets": "train",
     "accelerate": "train", "tokenizers": "train", "matplotlib": "train", "tqdm": "train",
     "docker": "swe", "git": "swe", "libcst": "swe",
-    "openai": "llm", "vllm": "vllm",
+    "openai": "llm", "vllm": "vllm", "openenv": "serve", "fastapi": "serve", "fastmcp": "serve",
+    "uvicorn": "serve", "websockets": "serve",
 }
 
 
