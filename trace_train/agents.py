@@ -294,8 +294,10 @@ class HFAgent:
         name: agent name in trajectories (default: the model folder's name).
         decode: ``hf`` generates with ``model.generate``; ``fast`` with :class:`trace_train.fast_decode.FastDecoder`
             (a hand-written loop for Qwen3-architecture models, optionally with a PEFT LoRA: the prefix the
-            batch shares is attended once for all rows, tested token-for-token against ``generate``); ``auto``
-            (default) takes ``fast`` for the tiny presets' models on CPU and ``hf`` for every other model.
+            batch shares is attended once for all rows, tested token-for-token against ``generate``), and with
+            ``generate`` (and a warning) for a model it does not take, e.g. a composed one; ``auto`` (default)
+            takes ``fast`` for the tiny presets' models on CPU and ``hf`` for every other model.
+            ``agent.decode`` says which one is in use.
         top_k: top-k filter when sampling; None is what ``generate`` uses (the model's generation config, else 50).
     """
 
@@ -361,12 +363,12 @@ class HFAgent:
         self.last_logprobs: list[list[float]] = []  # fast decoding: per row of the last call, its tokens' logprobs
         from . import fast_decode
 
+        use_fast = decode == "auto" and str(device).startswith("cpu") and fast_decode.auto_applies(self.model)
         if decode == "fast":
-            ok, why = fast_decode.supported(self.model)
-            if not ok:
-                raise ValueError(f"decode='fast' cannot run this model ({why}). Fix: use decode='hf' (or 'auto')")
-        if decode == "fast" or (decode == "auto" and str(device).startswith("cpu") and
-                                fast_decode.auto_applies(self.model)):
+            use_fast, why = fast_decode.supported(self.model)
+            if not use_fast:  # e.g. a composed model: it keeps generate()
+                logger.warning("%s: decode='fast' does not apply to this model (%s); using generate()", self.name, why)
+        if use_fast:
             self.decoder = fast_decode.FastDecoder(self.model, store_limit=max(2, 2 * batch_size) if prefix_cache
                                                    else 0)
         self.decode = "fast" if self.decoder is not None else "hf"

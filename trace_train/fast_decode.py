@@ -124,6 +124,7 @@ class _Layer:
     bqkv: Any
     q_norm: Any
     k_norm: Any
+    qk_norm: Any  # [heads + kv_heads, D]: q_norm's weight for each query head, then k_norm's for each kv head
     wo: Any
     bo: Any
     ln2: Any
@@ -167,6 +168,8 @@ def read_weights(model: Any) -> _Weights:
                 raise Unsupported("MLP biases")
             layers.append(_Layer(ln1=layer.input_layernorm.weight.detach(), wqkv=torch.cat([wq, wk, wv]).contiguous(),
                                  bqkv=bqkv, q_norm=att.q_norm.weight.detach(), k_norm=att.k_norm.weight.detach(),
+                                 qk_norm=torch.stack([att.q_norm.weight.detach()] * config.num_attention_heads
+                                                     + [att.k_norm.weight.detach()] * config.num_key_value_heads),
                                  wo=wo.contiguous(), bo=bo, ln2=layer.post_attention_layernorm.weight.detach(),
                                  wgu=torch.cat([wg, wu]).contiguous(), wd=wd.contiguous()))
         lm_w, lm_b = _linear(base.lm_head)
@@ -300,7 +303,7 @@ class FastDecoder:
         return self._weights
 
     def _rope_table(self, length: int):
-        """cos/sin ``[length, head_dim]`` for positions ``0..length-1`` (as Qwen3RotaryEmbedding computes them)."""
+        """cos and signed sin ``[length, head_dim]`` for positions ``0..length-1`` (Qwen3RotaryEmbedding's values)."""
         import torch
 
         w = self._weights
@@ -308,38 +311,46 @@ class FastDecoder:
             n = max(length, 2 * (self._rope[0].shape[0] if self._rope is not None else 1024))
             freqs = torch.arange(n, device=w.device).float()[:, None] * w.inv_freq.to(w.device)[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope = ((emb.cos() * w.rope_scale).to(w.dtype), (emb.sin() * w.rope_scale).to(w.dtype))
+            sin = emb.sin() * w.rope_scale
+            # rotate_half(x) * sin == roll(x, D/2) * (sin with its first half negated)
+            sin = torch.cat([-sin[:, :w.head_dim // 2], sin[:, w.head_dim // 2:]], dim=-1)
+            self._rope = ((emb.cos() * w.rope_scale).to(w.dtype), sin.to(w.dtype))
         return self._rope
 
     # -- pieces of the forward
     def _norm(self, x, weight):
+        """Qwen3's RMSNorm (in float32, the weight applied in the input's dtype)."""
         import torch
+        import torch.nn.functional as F
 
+        if x.dtype == torch.float32:  # one fused op
+            return F.rms_norm(x, (x.shape[-1],), weight, self._weights.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self._weights.eps)
         return weight * x.to(dtype)
 
-    @staticmethod
-    def _rotate(x, cos, sin):
-        import torch
-
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
     def _qkv(self, layer: _Layer, h, cos, sin):
-        """q ``[..., heads, D]``, k and v ``[..., kv_heads, D]`` of hidden states ``h [..., hidden]``."""
+        """q ``[..., heads, D]``, k and v ``[..., kv_heads, D]`` of hidden states ``h [..., hidden]``; ``sin`` is
+        the signed table of :meth:`_rope_table` (so that rotate-half is one roll)."""
+        import torch
         import torch.nn.functional as F
 
         w = self._weights
         d = w.head_dim
         qkv = F.linear(self._norm(h, layer.ln1), layer.wqkv, layer.bqkv)
-        q, k, v = qkv.split([w.heads * d, w.kv_heads * d, w.kv_heads * d], dim=-1)
-        q = self._norm(q.unflatten(-1, (w.heads, d)), layer.q_norm)
-        k = self._norm(k.unflatten(-1, (w.kv_heads, d)), layer.k_norm)
-        v = v.unflatten(-1, (w.kv_heads, d))
+        qk, v = qkv.split([(w.heads + w.kv_heads) * d, w.kv_heads * d], dim=-1)
+        qk = qk.unflatten(-1, (w.heads + w.kv_heads, d))
+        # q_norm and k_norm over the heads together: normalise, then each head's own weight
+        if qk.dtype == torch.float32:
+            qk = F.rms_norm(qk, (d,), None, w.eps) * layer.qk_norm
+        else:
+            qk = torch.cat([self._norm(qk[..., :w.heads, :], layer.q_norm),
+                            self._norm(qk[..., w.heads:, :], layer.k_norm)], dim=-2)
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+        q, k = qk.split([w.heads, w.kv_heads], dim=-2)
+        return q, k, v.unflatten(-1, (w.kv_heads, d))
 
     def _mlp_out(self, layer: _Layer, h, attn):
         import torch.nn.functional as F

@@ -250,7 +250,8 @@ def base_agent_factory(ctx, temperature: float | None = None):
         from trace_train.agents import HFAgent
 
         return functools.partial(HFAgent, ctx.summary("base")["model_path"], threads=b.threads, device=b.device,
-                                 max_new_tokens=b.max_new_tokens, temperature=temp, seed=ctx.cfg.seed, name="base")
+                                 max_new_tokens=b.max_new_tokens, temperature=temp, seed=ctx.cfg.seed, name="base",
+                                 decode=b.decode)
     if b.kind == "openai":
         from trace_train.agents import OpenAIChatAgent
 
@@ -624,7 +625,8 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     def hf(path: str, adapter: str | None = None):
         # A partial of the class, not a closure: it pickles, so evaluate.workers can build it in a worker process.
         return functools.partial(HFAgent, path, adapter=adapter, threads=b.threads, device=b.device,
-                                 max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed)
+                                 max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed,
+                                 decode=b.decode)
 
     def why_missing(stage: str) -> str:
         entry = ctx.state["stages"].get(stage, {})
