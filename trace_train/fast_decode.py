@@ -124,7 +124,8 @@ class _Layer:
     bqkv: Any
     q_norm: Any
     k_norm: Any
-    qk_norm: Any  # [heads + kv_heads, D]: q_norm's weight for each query head, then k_norm's for each kv head
+    qk_norm: Any  # [heads + kv_heads, D]: q_norm's weight times the attention scale for each query head, then
+    # k_norm's for each kv head (RoPE is linear, so the queries leave _qkv already scaled)
     wo: Any
     bo: Any
     ln2: Any
@@ -168,7 +169,8 @@ def read_weights(model: Any) -> _Weights:
                 raise Unsupported("MLP biases")
             layers.append(_Layer(ln1=layer.input_layernorm.weight.detach(), wqkv=torch.cat([wq, wk, wv]).contiguous(),
                                  bqkv=bqkv, q_norm=att.q_norm.weight.detach(), k_norm=att.k_norm.weight.detach(),
-                                 qk_norm=torch.stack([att.q_norm.weight.detach()] * config.num_attention_heads
+                                 qk_norm=torch.stack([att.q_norm.weight.detach() * att.scaling]
+                                                     * config.num_attention_heads
                                                      + [att.k_norm.weight.detach()] * config.num_key_value_heads),
                                  wo=wo.contiguous(), bo=bo, ln2=layer.post_attention_layernorm.weight.detach(),
                                  wgu=torch.cat([wg, wu]).contiguous(), wd=wd.contiguous()))
@@ -331,8 +333,8 @@ class FastDecoder:
         return weight * x.to(dtype)
 
     def _qkv(self, layer: _Layer, h, cos, sin):
-        """q ``[..., heads, D]``, k and v ``[..., kv_heads, D]`` of hidden states ``h [..., hidden]``; ``sin`` is
-        the signed table of :meth:`_rope_table` (so that rotate-half is one roll)."""
+        """q ``[..., heads, D]`` (times the attention scale), k and v ``[..., kv_heads, D]`` of hidden states
+        ``h [..., hidden]``; ``sin`` is the signed table of :meth:`_rope_table` (so that rotate-half is one roll)."""
         import torch
         import torch.nn.functional as F
 
@@ -345,7 +347,7 @@ class FastDecoder:
         if qk.dtype == torch.float32:
             qk = F.rms_norm(qk, (d,), None, w.eps) * layer.qk_norm
         else:
-            qk = torch.cat([self._norm(qk[..., :w.heads, :], layer.q_norm),
+            qk = torch.cat([self._norm(qk[..., :w.heads, :], layer.q_norm) * w.head_dim ** -0.5,
                             self._norm(qk[..., w.heads:, :], layer.k_norm)], dim=-2)
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
@@ -391,7 +393,7 @@ class FastDecoder:
         p = len(prefix) if prefix is not None else 0
         m = start - p  # this row's own past tokens
         # causal mask over [own past, new]: new token i sees own past and new tokens <= i
-        mask = torch.ones(n, m + n, dtype=torch.bool, device=w.device).tril(diagonal=m)
+        hidden = ~torch.ones(n, m + n, dtype=torch.bool, device=w.device).tril(diagonal=m)
         new_kv = []
         for li, layer in enumerate(w.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # [n, heads, D], [n, kv, D]
@@ -400,12 +402,10 @@ class FastDecoder:
             own_k = torch.cat([past[li][0], k], dim=1) if m else k
             own_v = torch.cat([past[li][1], v], dim=1) if m else v
             qg = q.transpose(0, 1).reshape(w.kv_heads, g * n, w.head_dim)  # [kv, g*n, D]: heads of a kv group
-            scale = w.head_dim ** -0.5
-            scores = [torch.matmul(qg, own_k.transpose(1, 2)).mul_(scale).view(w.kv_heads, g, n, m + n)
-                      .masked_fill_(~mask, float("-inf"))]
+            scores = [torch.matmul(qg, own_k.transpose(1, 2)).view(w.kv_heads, g, n, m + n)
+                      .masked_fill_(hidden, float("-inf"))]
             if p:
-                scores.insert(0, torch.matmul(qg, prefix.keys[li].transpose(1, 2)).mul_(scale)
-                              .view(w.kv_heads, g, n, p))
+                scores.insert(0, torch.matmul(qg, prefix.keys[li].transpose(1, 2)).view(w.kv_heads, g, n, p))
             probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(w.dtype)
             out = torch.matmul(probs[..., p:].reshape(w.kv_heads, g * n, m + n), own_v)
             if p:
@@ -504,7 +504,6 @@ class FastDecoder:
         finished = [False] * b  # per original row: produced a stop token
         logits = torch.stack(first_logits)
         g = w.heads // w.kv_heads
-        scale = w.head_dim ** -0.5
         cos_t, sin_t = self._rope_table(p + width)
         for step in range(max_new_tokens):
             tok, lp = self._choose(logits, temperature, top_k, top_p, generator)
@@ -531,17 +530,17 @@ class FastDecoder:
             nb = len(rows)
             ar = torch.arange(nb, device=dev)
             span = int(lengths.max()) + 1
-            visible = torch.arange(span, device=dev)[None, :] <= lengths[:, None]  # [B, span]
+            hidden = (torch.arange(span, device=dev)[None, :] > lengths[:, None])[:, None, None, :]  # [B, 1, 1, span]
             for li, layer in enumerate(w.layers):
                 q, k, v = self._qkv(layer, h, cos, sin)  # [B, heads, D], [B, kv, D]
                 cache_k[li][ar, :, lengths] = k
                 cache_v[li][ar, :, lengths] = v
                 qg = q.view(nb, w.kv_heads, g, w.head_dim)
-                own_scores = torch.matmul(qg, cache_k[li][:, :, :span].transpose(2, 3)).mul_(scale)  # [B, kv, g, span]
-                own_scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
+                own_scores = torch.matmul(qg, cache_k[li][:, :, :span].transpose(2, 3))  # [B, kv, g, span]
+                own_scores.masked_fill_(hidden, float("-inf"))
                 if p:
                     q_by_kv = qg.transpose(0, 1).reshape(w.kv_heads, nb * g, w.head_dim)
-                    pre_scores = torch.matmul(q_by_kv, prefix.keys[li].transpose(1, 2)).mul_(scale)  # [kv, B*g, P]
+                    pre_scores = torch.matmul(q_by_kv, prefix.keys[li].transpose(1, 2))  # [kv, B*g, P]
                     pre_scores = pre_scores.view(w.kv_heads, nb, g, p).transpose(0, 1)
                     probs = torch.softmax(torch.cat([pre_scores, own_scores], dim=-1).float(), dim=-1).to(w.dtype)
                     out = torch.matmul(probs[..., p:], cache_v[li][:, :, :span])  # [B, kv, g, D]

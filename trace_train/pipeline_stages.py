@@ -30,10 +30,21 @@ SECONDS_PER_SCRIPTED_EPISODE = 0.05
 # are most of the cost (measured: 40 episodes in 96 s; 9 methods x 40 held-out episodes, two at once, in 439 s).
 SECONDS_PER_TINY_BATCH = 40.0
 SECONDS_PER_TINY_EPISODE_IN_BATCH = 1.5
+FAST_BATCH_SPEEDUP = 1.0  # placeholder
+FAST_EPISODE_SPEEDUP = 1.0  # placeholder
+# The same with decode: fast (trace_train.fast_decode, the default for the tiny model on CPU): the two constants
+# above scaled by the fast / today ratios of each term, fitted from bench/rollout_speed.py --in-flight 8 40 on the
+# embedded default's evaluation (FAST_BATCH_FIT, FAST_EPISODE_FIT below).
+SECONDS_PER_TINY_BATCH_FAST = 40.0 / FAST_BATCH_SPEEDUP
+SECONDS_PER_TINY_EPISODE_IN_BATCH_FAST = 1.5 / FAST_EPISODE_SPEEDUP
 SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 requests in flight
 SECONDS_PER_LABEL_OFFLINE = 0.01
 SECONDS_PER_ADMISSION = 15.0          # an offline template's env admits in ~4 s under bubblewrap; LLM retries cost more
-SECONDS_PER_GRPO_STEP_TINY = 8.0
+GRPO_FAST_SPEEDUP = 1.0  # placeholder
+SECONDS_PER_GRPO_STEP_TINY = 8.0     # decode: hf, loss_forward: trl (today's path before the fast one)
+# decode: fast + loss_forward: shared_prefix (the default for the tiny model on CPU): divided by the ratio
+# bench/grpo_speed.py measured between the two paths at the embedded default's train options.
+SECONDS_PER_GRPO_STEP_TINY_FAST = SECONDS_PER_GRPO_STEP_TINY / GRPO_FAST_SPEEDUP
 SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
 SECONDS_PER_ROUTER_RUN_TINY = 15.0    # gates over 2 adapters on 16 oracle episodes, with the merges: 16 s
 #: Warm-up steps on two torch threads against one: the default's 1200 steps in 812 s on 2 threads, its
@@ -269,13 +280,28 @@ def base_env_kwargs_fn(ctx):
     return lambda env_id: dict(extra)
 
 
+def _fast_decode(ctx, decode: str | None = None) -> bool:
+    """Whether the base's local model decodes the fast way (``base.decode``, or ``decode``; auto: the tiny model on
+    CPU)."""
+    b = ctx.cfg.base
+    decode = decode or b.decode
+    return decode == "fast" or (decode == "auto" and b.kind == "tiny" and str(b.device).startswith("cpu"))
+
+
+def _tiny_episodes_seconds(n: int, in_flight: int, fast: bool) -> float:
+    """Rough seconds of ``n`` tiny-model episodes with ``in_flight`` open at once."""
+    width = max(1, min(n, in_flight))
+    if fast:
+        return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH_FAST + width * SECONDS_PER_TINY_EPISODE_IN_BATCH_FAST)
+    return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+
+
 def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
     """Rough seconds of ``n`` episodes of the base agent with ``in_flight`` open at once."""
     kind = ctx.cfg.base.kind
     if kind in ("scripted", "openai"):
         return n * {"scripted": SECONDS_PER_SCRIPTED_EPISODE, "openai": SECONDS_PER_ENDPOINT_EPISODE}[kind]
-    width = max(1, min(n, in_flight))
-    return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+    return _tiny_episodes_seconds(n, in_flight, _fast_decode(ctx))
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -525,6 +551,15 @@ def run_train(ctx) -> tuple[list[str], dict]:
                        "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()}}
 
 
+def _fast_grpo(ctx) -> bool:
+    """Whether GRPO runs the fast path (``train.options`` decode and loss_forward; auto: on CPU, the tiny model)."""
+    o = ctx.cfg.train.options
+    decode, loss = o.get("decode", "auto"), o.get("loss_forward", "auto")
+    if decode == "hf" or loss == "trl":
+        return False
+    return str(o.get("device", "auto")) in ("auto", "cpu")
+
+
 def estimate_train(ctx) -> tuple[float | None, str]:
     t = ctx.cfg.train
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
@@ -542,8 +577,9 @@ def estimate_train(ctx) -> tuple[float | None, str]:
         floor = longest * (t.max_minutes * 60 + 30.0)
         what = f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines"
     else:
-        total = runs * t.max_steps * SECONDS_PER_GRPO_STEP_TINY + sft
-        floor = longest * t.max_steps * SECONDS_PER_GRPO_STEP_TINY
+        per_step = SECONDS_PER_GRPO_STEP_TINY_FAST if _fast_grpo(ctx) else SECONDS_PER_GRPO_STEP_TINY
+        total = runs * t.max_steps * per_step + sft
+        floor = longest * t.max_steps * per_step
         what = f"{k} adapters × {t.max_steps} GRPO steps + baselines"
     if t.workers > 1:
         return max(total / t.workers, floor), what + f", {t.workers} at once"
@@ -901,9 +937,11 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
-    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer).
-    width = max(1, min(n, e.in_flight))
-    per_method = math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer); the
+    # composer always decodes with generate(), the others as base.decode says.
+    fast = _fast_decode(ctx)
+    composer = int("trace_moe" in e.methods)
+    per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
     workers = min(e.workers, methods)
-    return (math.ceil(methods / workers) * per_method,
+    return (math.ceil(methods / workers) * sum(per_method) / methods,
             f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else ""))
