@@ -277,7 +277,7 @@ class Generation:
 
     tokens: list[int]  # new tokens, the stop token included when one was produced
     logprobs: list[float]  # log p(token) under log_softmax(logits / temperature) (greedy: temperature 1)
-    cached_tokens: int  # prompt tokens whose keys/values came from the store or the shared prefix
+    cached_tokens: int  # prompt tokens whose keys/values came from the store (an earlier call), not encoded
 
 
 class FastDecoder:
@@ -464,7 +464,7 @@ class FastDecoder:
         shared = min(int(s.numel()) for s in seqs) - 1
         for s in seqs[1:]:
             shared = min(shared, _common_length(seqs[0], s))
-        prefix = self._shared_prefix(seqs[0][:shared], found)
+        prefix, prefix_stored = self._shared_prefix(seqs[0][:shared], found)
         p = len(prefix) if prefix is not None else 0
         cached = [0] * b
 
@@ -482,7 +482,7 @@ class FastDecoder:
                          torch.cat([pv, nv], dim=1) if pv is not None else nv)
                         for (pk, pv), (nk, nv) in zip(past, new_kv)])
             first_logits.append(logits)
-            cached[i] = start
+            cached[i] = prefix_stored + (start - p)
 
         # The batch's own-token cache, preallocated for the whole generation.
         lengths = torch.tensor([int(s.numel()) - p for s in seqs], device=dev)  # own tokens with k/v, per row
@@ -556,18 +556,18 @@ class FastDecoder:
         self._store_rows(seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, list(enumerate(rows)))
         return [Generation(tokens=t, logprobs=l, cached_tokens=c) for t, l, c in zip(out_tokens, out_logp, cached)]
 
-    def _shared_prefix(self, tokens, found) -> _Prefix | None:
-        """The batch's shared prefix: an entry's prefix when it covers ``tokens``, else encoded (over what the
-        store has of it)."""
+    def _shared_prefix(self, tokens, found) -> tuple[_Prefix | None, int]:
+        """The batch's shared prefix — an entry's prefix when it covers ``tokens``, else encoded (over what the
+        store has of it) — and how many of its tokens came from the store."""
         import torch
 
         n = int(tokens.numel())
         if n == 0:
-            return None
+            return None, 0
         for entry, _ in found:
             if entry is not None and entry.prefix is not None and len(entry.prefix) == n and \
                     _common_length(entry.prefix.tokens, tokens) == n:
-                return entry.prefix
+                return entry.prefix, n
         best, k = None, 0
         for entry, kk in found:
             if entry is not None and kk > k:
@@ -577,12 +577,12 @@ class FastDecoder:
         if best is not None and k == n:
             kv = [best.kv(li, 0, n) for li in layers]
             return _Prefix(tokens=tokens.clone(), keys=[a.contiguous() for a, _ in kv],
-                           values=[b.contiguous() for _, b in kv])
+                           values=[b.contiguous() for _, b in kv]), n
         past = [best.kv(li, 0, k) for li in layers] if k else [(None, None)] * len(layers)
         new_kv, _ = self._prefill(tokens[k:], past, k, None)
         keys = [torch.cat([pk, nk], dim=1) if pk is not None else nk for (pk, _), (nk, _) in zip(past, new_kv)]
         values = [torch.cat([pv, nv], dim=1) if pv is not None else nv for (_, pv), (_, nv) in zip(past, new_kv)]
-        return _Prefix(tokens=tokens.clone(), keys=keys, values=values)
+        return _Prefix(tokens=tokens.clone(), keys=keys, values=values), k
 
     def _store_rows(self, seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, which) -> None:
         """Put the conversations of ``which`` ((batch row, original row) pairs) into the store: the prompt and the
