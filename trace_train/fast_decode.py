@@ -442,9 +442,17 @@ class FastDecoder:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: Sequence[int],
                  temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
                  generator: Any = None) -> list[Generation]:
-        """New tokens for every prompt (token ids), until a token of ``eos_ids`` or ``max_new_tokens``."""
+        """New tokens for every prompt (token ids), until a token of ``eos_ids`` or ``max_new_tokens``.
+
+        ``temperature`` 0 is greedy; otherwise tokens are drawn (from ``generator``, default torch's global RNG)
+        after top-k (None: off) and top-p filtering, as ``generate`` does.
+        """
         import torch
 
+        if max_new_tokens < 1:
+            raise ValueError(f"FastDecoder.generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not prompts:
+            return []
         with torch.inference_mode():
             return self._generate(prompts, max_new_tokens, eos_ids, temperature, top_k, top_p, generator)
 
