@@ -504,6 +504,8 @@ class HFAgent:
                                       "pad_token_id": pad}
         if self.temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+            if self.top_k is not None:
+                gen_kwargs["top_k"] = self.top_k
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         cache = None

@@ -31,6 +31,11 @@ as the sampled token ids, so the gradient is on the canonical tokens of the text
 sampled sequence that is not its text's canonical tokenisation (rare with this BPE) is trained as the
 canonical one. Rollouts are on-policy (one generation per optimiser step), so TRL needs no sampling
 log-probabilities.
+
+Speed on CPU (``decode``, ``loss_forward``; docs/speed.md): the tiny model's turns are decoded by
+:mod:`trace_train.fast_decode` and the loss's log-probs are computed by :mod:`trace_train.prefix_logprobs`,
+which encodes the prefix the step's episodes share once instead of once per episode; ``decode: hf`` and
+``loss_forward: trl`` are ``generate`` and TRL's own forward.
 """
 
 from __future__ import annotations
@@ -351,7 +356,9 @@ def _trainer_class():
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                **extra):
             # Text-only batches take the shared-prefix forward (the same values); anything else is TRL's.
-            if not self.trace_shared_prefix or compute_aux_loss or any(v is not None for v in extra.values()):
+            # (One process only: the unwrapped module's forward would bypass DDP's own forward.)
+            if not self.trace_shared_prefix or compute_aux_loss or any(v is not None for v in extra.values()) \
+                    or self.accelerator.num_processes > 1:
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
