@@ -31,11 +31,12 @@ SECONDS_PER_SCRIPTED_EPISODE = 0.05
 SECONDS_PER_TINY_BATCH = 40.0
 SECONDS_PER_TINY_EPISODE_IN_BATCH = 1.5
 # With decode: fast (trace_train.fast_decode, the default for the tiny model on CPU), measured by
-# `bench/rollout_speed.py --in-flight 8 40` on the embedded default's evaluation, both paths in one run: 3.3x the
-# episodes per second of decode: hf at 8 in flight (decoding steps: the per-batch term) and 7.2x at 40 (where
-# generate() reads 40 copies of the shared prompt's keys each token). The per-batch term is divided by the first
-# ratio; the per-episode term is what then makes 40 episodes at 40 in flight 7.2x faster than above.
-FAST_DECODE_SPEEDUP_NARROW, FAST_DECODE_SPEEDUP_40 = 3.3, 7.2
+# `bench/rollout_speed.py --in-flight 8 40` on the embedded default's evaluation, both paths in one run (two runs,
+# docs/speed.md): 3.3x and 4.1x the episodes per second of decode: hf at 8 in flight (decoding steps: the per-batch
+# term), 7.2x and 7.8x at 40 (where generate() reads 40 copies of the shared prompt's keys each token). The
+# per-batch term is divided by the first ratio; the per-episode term is what then makes 40 episodes at 40 in flight
+# that much faster than above.
+FAST_DECODE_SPEEDUP_NARROW, FAST_DECODE_SPEEDUP_40 = 3.7, 7.5
 SECONDS_PER_TINY_BATCH_FAST = SECONDS_PER_TINY_BATCH / FAST_DECODE_SPEEDUP_NARROW
 SECONDS_PER_TINY_EPISODE_IN_BATCH_FAST = max(0.02, ((SECONDS_PER_TINY_BATCH + 40 * SECONDS_PER_TINY_EPISODE_IN_BATCH)
                                                     / FAST_DECODE_SPEEDUP_40 - SECONDS_PER_TINY_BATCH_FAST) / 40)
@@ -44,8 +45,9 @@ SECONDS_PER_LABEL_OFFLINE = 0.01
 SECONDS_PER_ADMISSION = 15.0          # an offline template's env admits in ~4 s under bubblewrap; LLM retries cost more
 SECONDS_PER_GRPO_STEP_TINY = 8.0     # decode: hf, loss_forward: trl (the path before the fast one)
 # decode: fast + loss_forward: shared_prefix (the default for the tiny model on CPU): divided by the ratio
-# `bench/grpo_speed.py --rounds 2` measured between the two paths at the embedded default's train options.
-GRPO_FAST_SPEEDUP = 3.35
+# `bench/grpo_speed.py --rounds 2` measured between the two paths at the embedded default's train options (3.35x
+# and 3.96x in two runs, docs/speed.md).
+GRPO_FAST_SPEEDUP = 3.65
 SECONDS_PER_GRPO_STEP_TINY_FAST = SECONDS_PER_GRPO_STEP_TINY / GRPO_FAST_SPEEDUP
 SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
 SECONDS_PER_ROUTER_RUN_TINY = 15.0    # gates over 2 adapters on 16 oracle episodes, with the merges: 16 s
