@@ -1,21 +1,28 @@
-"""Seconds per GRPO step on CPU, split by phase: ``trace train`` on a τ² capability env vs TRL's plain GRPO.
+"""Seconds per GRPO step on CPU, split by phase: the fast path against today's path, in one run.
 
-    python bench/grpo_speed.py [--env trace/precondition_verification-v0] [--steps 3] [--preset tiny]
+    python bench/grpo_speed.py [--env trace/precondition_verification-v0] [--steps 4] [--rounds 1] [--preset tiny]
+                               [--model DIR] [--trl-anchor]
 
-Both runs use the same model (the ``tiny`` preset, built offline), LoRA, group size, groups per step, one
-torch thread and fp32:
+Both paths run ``trace_train.grpo.train`` with the training config of ``trace run``'s embedded default
+(``pipeline_config.embedded_default().train.options``: group size, groups per step, tokens per turn, turns,
+temperature, learning rate, env kwargs), the same model (the ``tiny`` preset built offline, unless
+``--model``), LoRA, seeds, one torch thread and fp32:
 
-* **ours**: ``trace_train.grpo.train`` (multi-turn episodes in the env through TRACE's rollout function);
-  its ``train_log.csv`` splits each step into generation (the model writing turns), env (tool calls, the
-  simulated user and the reward, which the env computes at its last step), forward/backward (TRL's loss on
-  the episode's tokens) and optimizer;
-* **anchor**: TRL's own single-turn ``GRPOTrainer`` on the env's first prompts (the same dataset rows:
-  the policy, then the user turn that ``reset`` would fill, left empty),
-  completions of ``--turn-tokens`` tokens, a length reward — TRL's cheapest path, timed by its
-  ``step_time`` metric.
+* **today's path** (the anchor): ``decode: hf`` (rollouts through ``model.generate``) and
+  ``loss_forward: trl`` (TRL's padded forward over every episode);
+* **fast path**: ``decode: fast`` (:mod:`trace_train.fast_decode`) and ``loss_forward: shared_prefix``
+  (:mod:`trace_train.prefix_logprobs`).
 
-Printed: the per-phase table, seconds per step of both, the ratio ours / anchor, and the ratio per
-trained completion token. The machine is shared (2 cores): every time is under contention.
+The runs alternate (today, fast, then fast, today with ``--rounds 2``, ...) so that both see the same load.
+Each run's ``train_log.csv`` splits a step into generation (the model writing turns), env (tool calls, the
+simulated user, the reward), forward/backward (TRL's loss and its gradient on the episodes' tokens) and
+optimizer; the first step of a run is skipped (warm-up), the table shows medians. Both paths sample with
+the same RNG in the same order, so they usually play the same episodes: the printed model tokens per
+episode say whether they did. ``--trl-anchor`` adds the older anchor: TRL's own single-turn
+``GRPOTrainer`` on the env's first prompts.
+
+Printed: the per-phase table of both paths, seconds per step and episodes per second, and the ratio
+today / fast. The machine is shared (2 cores): every time is under contention.
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+PATHS = {"today": {"decode": "hf", "loss_forward": "trl"}, "fast": {"decode": "fast", "loss_forward": "shared_prefix"}}
+PHASES = ("generation_s", "env_s", "forward_backward_s", "optimizer_s")
 
-def anchor(model: str, env: str, env_kwargs: dict, steps: int, group: int, groups: int, turn_tokens: int,
-           out: Path) -> dict:
+
+def trl_anchor(model: str, env: str, env_kwargs: dict, steps: int, group: int, groups: int, turn_tokens: int,
+               out: Path) -> dict:
     """TRL's plain single-turn GRPO on the env's opening prompts (reward: completion length, no env)."""
     import torch
     from peft import LoraConfig
@@ -55,15 +65,12 @@ def anchor(model: str, env: str, env_kwargs: dict, steps: int, group: int, group
                       logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
                       gradient_checkpointing=False, disable_tqdm=True, seed=0)
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
-                          processing_class=tok, args=args, train_dataset=dataset,
-                          reward_funcs=[length_reward],
+                          processing_class=tok, args=args, train_dataset=dataset, reward_funcs=[length_reward],
                           peft_config=LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
                                                                                       "o_proj"], task_type="CAUSAL_LM"))
-    t0 = time.perf_counter()
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
-    return {"step_s": statistics.median(h["step_time"] for h in logs), "wall_s": time.perf_counter() - t0,
-            "completion_tokens": statistics.mean(h["completions/mean_length"] for h in logs) * group * groups}
+    return {"step_s": statistics.median(h["step_time"] for h in logs)}
 
 
 def main() -> int:
@@ -71,11 +78,9 @@ def main() -> int:
     ap.add_argument("--env", default="trace/precondition_verification-v0")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--model", help="a model folder (default: build --preset)")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--groups-per-step", type=int, default=1)
-    ap.add_argument("--turn-tokens", type=int, default=64)
-    ap.add_argument("--max-turns", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=4, help="GRPO steps per run (the first is skipped)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each path, alternating")
+    ap.add_argument("--trl-anchor", action="store_true", help="also time TRL's single-turn GRPOTrainer")
     args = ap.parse_args()
 
     import torch
@@ -83,33 +88,55 @@ def main() -> int:
     torch.set_num_threads(1)
     from trace_train.grpo import TrainConfig, read_log, train
     from trace_train.models import build_model, prompt_env_kwargs
+    from trace_train.pipeline_config import embedded_default
 
+    options = dict(embedded_default().train.options)
+    options.pop("save_steps", None)
+    env_kwargs = {**prompt_env_kwargs(args.env), **options.pop("env_kwargs", {})}
     model = args.model or str(build_model(args.preset, env_ids=[args.env]).path)
-    env_kwargs = {**prompt_env_kwargs(args.env), "difficulty": 1}
     work = Path(tempfile.mkdtemp(prefix="grpo-speed-"))
-    cfg = TrainConfig(env_ids=[args.env], env_kwargs=env_kwargs, model=model, output_dir=str(work / "ours"),
-                      max_steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step,
-                      max_turn_tokens=args.turn_tokens, max_tool_calling_iterations=args.max_turns,
-                      calibration_groups=0, save_steps=10_000, learning_rate=1e-4, progress=False, plot=False)
-    train(cfg)
-    rows = read_log(cfg.output_dir + "/train_log.csv")[1:] or read_log(cfg.output_dir + "/train_log.csv")
-    phases = ("generation_s", "env_s", "forward_backward_s", "optimizer_s")
-    med = {p: statistics.median(r[p] for r in rows) for p in phases + ("step_s", "completion_length")}
-    other = med["step_s"] - sum(med[p] for p in phases)
-    print(f"ours: {args.env}, {args.preset}, {args.group_size}x{args.groups_per_step} episodes/step, "
-          f"<= {args.max_turns} turns of <= {args.turn_tokens} tokens (median of {len(rows)} steps, first skipped)")
-    for p in phases:
-        print(f"  {p[:-2]:18s} {med[p]:7.2f} s  {med[p] / med['step_s']:6.1%}")
-    print(f"  {'other (TRL glue)':18s} {other:7.2f} s  {other / med['step_s']:6.1%}")
-    print(f"  {'step':18s} {med['step_s']:7.2f} s   ({med['completion_length']:.0f} model tokens per episode)")
-    ref = anchor(model, args.env, env_kwargs, args.steps, args.group_size, args.groups_per_step, args.turn_tokens,
-                 work / "anchor")
-    ours_tokens = med["completion_length"] * args.group_size * args.groups_per_step
-    print(f"anchor (TRL single-turn GRPO, same model and batch, {args.turn_tokens}-token completions): "
-          f"{ref['step_s']:.2f} s/step")
-    print(f"ratio ours/anchor: {med['step_s'] / ref['step_s']:.2f}x per step; "
-          f"{(med['step_s'] / max(1.0, ours_tokens)) / (ref['step_s'] / max(1.0, ref['completion_tokens'])):.2f}x per "
-          "model token (2 shared cores: timings under contention)")
+    rows: dict[str, list[dict]] = {name: [] for name in PATHS}
+    order = []
+    for r in range(args.rounds):
+        order += list(PATHS) if r % 2 == 0 else list(reversed(PATHS))
+    for i, name in enumerate(order):
+        cfg = TrainConfig(env_ids=[args.env], env_kwargs=env_kwargs, model=model, output_dir=str(work / f"{name}{i}"),
+                          max_steps=args.steps, save_steps=10_000, progress=False, plot=False, **options,
+                          **PATHS[name])
+        t0 = time.perf_counter()
+        train(cfg)
+        log = read_log(Path(cfg.output_dir) / "train_log.csv")
+        rows[name] += log[1:] or log
+        print(f"  ran {name} ({PATHS[name]['decode']}, {PATHS[name]['loss_forward']}): {len(log)} steps in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in PHASES + ("step_s", "completion_length",
+                                                                            "episodes")}
+           for name, rs in rows.items()}
+    print(f"\n{args.env}, {Path(model).name}, {options['group_size']}x{options['groups_per_step']} episodes/step, "
+          f"<= {options['max_tool_calling_iterations']} turns of <= {options['max_turn_tokens']} tokens, "
+          f"temperature {options['temperature']} (embedded default's train options); median of "
+          f"{len(rows['today'])} steps per path, each run's first skipped")
+    print(f"  {'phase':18s} {'today (s)':>10s} {'share':>6s}  {'fast (s)':>9s} {'share':>6s}  {'today/fast':>10s}")
+    for key in PHASES + ("other", "step_s"):
+        vals = {}
+        for name, m in med.items():
+            vals[name] = m["step_s"] - sum(m[p] for p in PHASES) if key == "other" else m[key]
+        label = "other (TRL glue)" if key == "other" else key[:-2]
+        t, f = vals["today"], vals["fast"]
+        ratio = f"{t / f:9.2f}x" if f > 0.005 else "        -"
+        print(f"  {label:18s} {t:10.2f} {t / med['today']['step_s']:6.1%}  {f:9.2f} {f / med['fast']['step_s']:6.1%}  "
+              f"{ratio}")
+    for name, m in med.items():
+        print(f"  {name}: {m['episodes'] / m['step_s']:.2f} episodes/s, {m['completion_length']:.0f} model tokens per "
+              "episode")
+    ratio = med["today"]["step_s"] / med["fast"]["step_s"]
+    print(f"ratio today/fast: {ratio:.2f}x per GRPO step (same run; 2 shared cores: timings under contention)")
+    if args.trl_anchor:
+        ref = trl_anchor(model, args.env, env_kwargs, args.steps, options["group_size"], options["groups_per_step"],
+                         options["max_turn_tokens"], work / "anchor")
+        print(f"TRL single-turn GRPO anchor: {ref['step_s']:.2f} s/step; fast/anchor "
+              f"{med['fast']['step_s'] / ref['step_s']:.2f}x")
     return 0
 
 

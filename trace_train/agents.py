@@ -12,8 +12,9 @@ plus an optional ``reset(env, observation, info)`` — and add ``act_batch(obser
   not a tool call the env can read) becomes an action the environment answers with an error, so an
   episode never crashes on the agent's side.
 * :class:`HFAgent` renders the conversation with the tokenizer's chat template (``tools=``) and generates
-  for a whole batch of environments in one ``generate`` call (left padding), optionally through a PEFT
-  adapter or an already-loaded (e.g. composed) model.
+  for a whole batch of environments at once, optionally through a PEFT adapter or an already-loaded (e.g.
+  composed) model: with one ``generate`` call (left padding), or, for the tiny Qwen3 models, with the
+  hand-written loop of :mod:`trace_train.fast_decode` (``decode``).
 
 Both keep token accounting in ``agent.stats``. ``torch``, ``transformers`` and ``openai`` are imported
 when an agent is built, never at module import.
@@ -265,6 +266,9 @@ class OpenAIChatAgent:
 
 # ----------------------------------------------------------------------------- local Hugging Face model
 
+#: How :class:`HFAgent` decodes (see its ``decode`` argument).
+DECODE_CHOICES = ("auto", "fast", "hf")
+
 
 class HFAgent:
     """A local ``transformers`` causal LM as an agent, with batched generation across envs.
@@ -288,16 +292,25 @@ class HFAgent:
             tokens of the next prompt (the conversation grows by a few tokens a turn, so this removes
             most of the prompt encoding). Up to ``2 * batch_size`` conversations are kept.
         name: agent name in trajectories (default: the model folder's name).
+        decode: ``hf`` generates with ``model.generate``; ``fast`` with :class:`trace_train.fast_decode.FastDecoder`
+            (a hand-written loop for Qwen3-architecture models, optionally with a PEFT LoRA: the prefix the
+            batch shares is attended once for all rows, tested token-for-token against ``generate``), and with
+            ``generate`` (and a warning) for a model it does not take, e.g. a composed one; ``auto`` (default)
+            takes ``fast`` for the tiny presets' models on CPU and ``hf`` for every other model.
+            ``agent.decode`` says which one is in use.
+        top_k: top-k filter when sampling; None is what ``generate`` uses (the model's generation config, else 50).
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, adapter: str | None = None, threads: int | None = 1,
                  device: str = "cpu", max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  max_prompt_tokens: int = 8192, batch_size: int = 64, chat_template_kwargs: dict | None = None,
                  seed: int | None = 0, name: str | None = None, dtype: Any = None,
-                 prefix_cache: bool = True) -> None:
+                 prefix_cache: bool = True, decode: str = "auto", top_k: int | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if decode not in DECODE_CHOICES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_CHOICES)}, got {decode!r}")
         if threads:
             torch.set_num_threads(threads)
         if seed is not None and temperature > 0:
@@ -345,6 +358,20 @@ class HFAgent:
         self.cached_prompt_tokens = 0
         self._cache_kwarg = "cache"
         self._end_markers = [m for m in ("<|im_end|>", "<|endoftext|>", self.tokenizer.eos_token) if m]
+        self.top_k = top_k
+        self.decoder = None  # a FastDecoder when decoding the fast way
+        self.last_logprobs: list[list[float]] = []  # fast decoding: per row of the last call, its tokens' logprobs
+        from . import fast_decode
+
+        use_fast = decode == "auto" and str(device).startswith("cpu") and fast_decode.auto_applies(self.model)
+        if decode == "fast":
+            use_fast, why = fast_decode.supported(self.model)
+            if not use_fast:  # e.g. a composed model: it keeps generate()
+                logger.warning("%s: decode='fast' does not apply to this model (%s); using generate()", self.name, why)
+        if use_fast:
+            self.decoder = fast_decode.FastDecoder(self.model, store_limit=max(2, 2 * batch_size) if prefix_cache
+                                                   else 0)
+        self.decode = "fast" if self.decoder is not None else "hf"
 
     def reset(self, env: Any, observation: str, info: dict) -> None:
         """Stateless: the conversation travels in ``info``."""
@@ -421,15 +448,50 @@ class HFAgent:
         if len(self._cache_entries) > limit:
             del self._cache_entries[:len(self._cache_entries) - limit]
 
-    def _generate(self, prompts: list[str]) -> list[str]:
-        import torch
-
-        t0 = time.perf_counter()
+    def _prompt_ids(self, prompts: list[str]) -> list[list[int]]:
         ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         for i, seq in enumerate(ids):
             if len(seq) > self.max_prompt_tokens:
                 logger.warning("prompt of %d tokens cut to the last %d", len(seq), self.max_prompt_tokens)
                 ids[i] = seq[-self.max_prompt_tokens:]
+        return ids
+
+    def _text(self, tokens: list[int]) -> str:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        for marker in self._end_markers:
+            text = text.replace(marker, "")
+        return text
+
+    def _generate_fast(self, prompts: list[str]) -> list[str]:
+        """One turn per prompt with :class:`~trace_train.fast_decode.FastDecoder`."""
+        t0 = time.perf_counter()
+        ids = self._prompt_ids(prompts)
+        top_k = self.top_k
+        if top_k is None:  # what generate() would use
+            top_k = getattr(getattr(self.model, "generation_config", None), "top_k", None) or 50
+        out = self.decoder.generate(ids, self.max_new_tokens, self.eos_ids, temperature=self.temperature,
+                                    top_k=top_k, top_p=self.top_p)
+        texts, completion_tokens = [], 0
+        eos = set(self.eos_ids)
+        for gen in out:
+            tokens = gen.tokens[:-1] if gen.tokens and gen.tokens[-1] in eos else gen.tokens
+            completion_tokens += len(tokens)
+            texts.append(self._text(tokens))
+        self.last_logprobs = [gen.logprobs for gen in out]
+        self.cached_prompt_tokens += sum(gen.cached_tokens for gen in out)
+        self.stats.calls += len(prompts)
+        self.stats.prompt_tokens += sum(len(s) for s in ids)
+        self.stats.completion_tokens += completion_tokens
+        self.stats.seconds += time.perf_counter() - t0
+        return texts
+
+    def _generate(self, prompts: list[str]) -> list[str]:
+        import torch
+
+        if self.decoder is not None:
+            return self._generate_fast(prompts)
+        t0 = time.perf_counter()
+        ids = self._prompt_ids(prompts)
         width = max(len(s) for s in ids)
         pad = self.tokenizer.pad_token_id
         pads = [width - len(seq) for seq in ids]
@@ -442,6 +504,8 @@ class HFAgent:
                                       "pad_token_id": pad}
         if self.temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+            if self.top_k is not None:
+                gen_kwargs["top_k"] = self.top_k
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         cache = None
@@ -476,10 +540,7 @@ class HFAgent:
                     n = j
                     break
             completion_tokens += n
-            text = self.tokenizer.decode(seq[:n], skip_special_tokens=False)
-            for marker in self._end_markers:
-                text = text.replace(marker, "")
-            texts.append(text)
+            texts.append(self._text(seq[:n]))
         self.stats.calls += len(prompts)
         self.stats.prompt_tokens += sum(len(s) for s in ids)
         self.stats.completion_tokens += completion_tokens

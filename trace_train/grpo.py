@@ -31,6 +31,11 @@ as the sampled token ids, so the gradient is on the canonical tokens of the text
 sampled sequence that is not its text's canonical tokenisation (rare with this BPE) is trained as the
 canonical one. Rollouts are on-policy (one generation per optimiser step), so TRL needs no sampling
 log-probabilities.
+
+Speed on CPU (``decode``, ``loss_forward``; docs/speed.md): the tiny model's turns are decoded by
+:mod:`trace_train.fast_decode` and the loss's log-probs are computed by :mod:`trace_train.prefix_logprobs`,
+which encodes the prefix the step's episodes share once instead of once per episode; ``decode: hf`` and
+``loss_forward: trl`` are ``generate`` and TRL's own forward.
 """
 
 from __future__ import annotations
@@ -210,7 +215,7 @@ class GroupRollouts:
         return HFAgent(model, tokenizer=trainer.processing_class, threads=None, device=self.device,
                        max_new_tokens=self.cfg.max_turn_tokens, temperature=self.cfg.temperature, top_p=top_p,
                        max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
-                       name="grpo-policy")
+                       name="grpo-policy", decode=self.cfg.decode)
 
     def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
         """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
@@ -337,12 +342,33 @@ def _trainer_class():
         """``GRPOTrainer`` that lets the rollout function see the batch rows (their seeds), which TRL hands
         to ``environment_factory.reset`` but not to ``rollout_func``. Nothing else changes."""
 
+        #: Set by :func:`train`: compute the loss's log-probs with the batch's shared prefix encoded once.
+        trace_shared_prefix = False
+
         def _generate_and_score_completions(self, inputs):
             self._trace_rows = inputs
             try:
                 return super()._generate_and_score_completions(inputs)
             finally:
                 self._trace_rows = None
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **extra):
+            # Text-only batches take the shared-prefix forward (the same values); anything else is TRL's.
+            # (One process only: the unwrapped module's forward would bypass DDP's own forward.)
+            if not self.trace_shared_prefix or compute_aux_loss or any(v is not None for v in extra.values()) \
+                    or self.accelerator.num_processes > 1:
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+            from .prefix_logprobs import shared_prefix_logprobs
+
+            with self.accelerator.autocast():
+                logps, entropies = shared_prefix_logprobs(self.accelerator.unwrap_model(model), input_ids,
+                                                          attention_mask, logits_to_keep, self.temperature,
+                                                          compute_entropy)
+            return logps, entropies, None
 
     return TraceGRPOTrainer
 
@@ -500,7 +526,7 @@ def calibrate(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, model=
     seeds = list(range(lo, lo + cfg.calibration_groups))
     agent = HFAgent(model if model is not None else cfg.model, tokenizer=tokenizer, threads=None, device=device,
                     max_new_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed,
-                    batch_size=max(1, len(seeds) * cfg.group_size))
+                    batch_size=max(1, len(seeds) * cfg.group_size), decode=cfg.decode)
     out = {}
     for env_id in cfg.env_ids:
         summary = run_rollouts(env_id, agent, seeds=seeds, samples=cfg.group_size, in_flight=len(seeds) * cfg.group_size,
@@ -634,6 +660,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     logger_cb = _step_logger(cfg, rollouts, log_csv, start_step)
     trainer = trainer_cls(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
                           peft_config=cfg.lora_config(), callbacks=[logger_cb, *callbacks], **extra)
+    trainer.trace_shared_prefix = _shared_prefix_loss(cfg, trainer.model, device)
     if cfg.max_minutes:
         trainer.add_callback(_time_budget(cfg.max_minutes))
     trainer.train(resume_from_checkpoint=resume_from)
@@ -653,6 +680,17 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
     (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
+
+
+def _shared_prefix_loss(cfg: TrainConfig, model, device: str) -> bool:
+    """Whether the loss's log-probs take :func:`trace_train.prefix_logprobs.shared_prefix_logprobs`."""
+    if cfg.loss_forward != "auto":
+        return cfg.loss_forward == "shared_prefix"
+    from .fast_decode import auto_applies, supported
+
+    if cfg.decode == "fast":
+        return supported(model)[0]
+    return cfg.decode == "auto" and device == "cpu" and auto_applies(model)
 
 
 def _in_hf_cache(model_id: str) -> bool:

@@ -68,6 +68,9 @@ class BaseSection:
         max_new_tokens: tokens per turn at most.
         threads: torch CPU threads for local models (1 is fastest for tiny models).
         device: torch device for local models (``cpu``, ``cuda``).
+        decode: how local models generate, in the base's rollouts and in every evaluated local model:
+            ``fast`` (:mod:`trace_train.fast_decode`, for Qwen3-architecture models), ``hf``
+            (``model.generate``), ``auto`` (fast for the tiny presets' models on CPU, hf otherwise).
     """
 
     kind: str = "tiny"
@@ -83,6 +86,7 @@ class BaseSection:
     max_new_tokens: int = 256
     threads: int = 1
     device: str = "cpu"
+    decode: str = "auto"
 
     def validate(self) -> None:
         _choice("base.kind", self.kind, ("tiny", "hf", "openai", "scripted"))
@@ -101,6 +105,7 @@ class BaseSection:
             _choice("base.preset", self.preset, tuple(PRESETS))
         _at_least("base.max_new_tokens", self.max_new_tokens, 1)
         _at_least("base.threads", self.threads, 1)
+        _choice("base.decode", self.decode, ("auto", "fast", "hf"))
         if self.temperature < 0:
             raise ConfigError(f"base.temperature must be >= 0, got {self.temperature}")
 

@@ -30,10 +30,25 @@ SECONDS_PER_SCRIPTED_EPISODE = 0.05
 # are most of the cost (measured: 40 episodes in 96 s; 9 methods x 40 held-out episodes, two at once, in 439 s).
 SECONDS_PER_TINY_BATCH = 40.0
 SECONDS_PER_TINY_EPISODE_IN_BATCH = 1.5
+# With decode: fast (trace_train.fast_decode, the default for the tiny model on CPU), measured by
+# `bench/rollout_speed.py --in-flight 8 40` on the embedded default's evaluation, both paths in one run (two runs,
+# docs/speed.md): 3.3x and 4.1x the episodes per second of decode: hf at 8 in flight (decoding steps: the per-batch
+# term), 7.2x and 7.8x at 40 (where generate() reads 40 copies of the shared prompt's keys each token). The
+# per-batch term is divided by the first ratio; the per-episode term is what then makes 40 episodes at 40 in flight
+# that much faster than above.
+FAST_DECODE_SPEEDUP_NARROW, FAST_DECODE_SPEEDUP_40 = 3.7, 7.5
+SECONDS_PER_TINY_BATCH_FAST = SECONDS_PER_TINY_BATCH / FAST_DECODE_SPEEDUP_NARROW
+SECONDS_PER_TINY_EPISODE_IN_BATCH_FAST = max(0.02, ((SECONDS_PER_TINY_BATCH + 40 * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+                                                    / FAST_DECODE_SPEEDUP_40 - SECONDS_PER_TINY_BATCH_FAST) / 40)
 SECONDS_PER_ENDPOINT_EPISODE = 2.0    # an OpenAI-compatible endpoint, 8 requests in flight
 SECONDS_PER_LABEL_OFFLINE = 0.01
 SECONDS_PER_ADMISSION = 15.0          # an offline template's env admits in ~4 s under bubblewrap; LLM retries cost more
-SECONDS_PER_GRPO_STEP_TINY = 8.0
+SECONDS_PER_GRPO_STEP_TINY = 8.0     # decode: hf, loss_forward: trl (the path before the fast one)
+# decode: fast + loss_forward: shared_prefix (the default for the tiny model on CPU): divided by the ratio
+# `bench/grpo_speed.py --rounds 2` measured between the two paths at the embedded default's train options (3.35x
+# and 3.96x in two runs, docs/speed.md).
+GRPO_FAST_SPEEDUP = 3.65
+SECONDS_PER_GRPO_STEP_TINY_FAST = SECONDS_PER_GRPO_STEP_TINY / GRPO_FAST_SPEEDUP
 SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
 SECONDS_PER_ROUTER_RUN_TINY = 15.0    # gates over 2 adapters on 16 oracle episodes, with the merges: 16 s
 #: Warm-up steps on two torch threads against one: the default's 1200 steps in 812 s on 2 threads, its
@@ -262,7 +277,8 @@ def base_agent_factory(ctx, temperature: float | None = None):
         from trace_train.agents import HFAgent
 
         return functools.partial(HFAgent, ctx.summary("base")["model_path"], threads=b.threads, device=b.device,
-                                 max_new_tokens=b.max_new_tokens, temperature=temp, seed=ctx.cfg.seed, name="base")
+                                 max_new_tokens=b.max_new_tokens, temperature=temp, seed=ctx.cfg.seed, name="base",
+                                 decode=b.decode)
     if b.kind == "openai":
         from trace_train.agents import OpenAIChatAgent
 
@@ -280,13 +296,28 @@ def base_env_kwargs_fn(ctx):
     return lambda env_id: dict(extra)
 
 
+def _fast_decode(ctx, decode: str | None = None) -> bool:
+    """Whether the base's local model decodes the fast way (``base.decode``, or ``decode``; auto: the tiny model on
+    CPU)."""
+    b = ctx.cfg.base
+    decode = decode or b.decode
+    return decode == "fast" or (decode == "auto" and b.kind == "tiny" and str(b.device).startswith("cpu"))
+
+
+def _tiny_episodes_seconds(n: int, in_flight: int, fast: bool) -> float:
+    """Rough seconds of ``n`` tiny-model episodes with ``in_flight`` open at once."""
+    width = max(1, min(n, in_flight))
+    if fast:
+        return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH_FAST + width * SECONDS_PER_TINY_EPISODE_IN_BATCH_FAST)
+    return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+
+
 def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
     """Rough seconds of ``n`` episodes of the base agent with ``in_flight`` open at once."""
     kind = ctx.cfg.base.kind
     if kind in ("scripted", "openai"):
         return n * {"scripted": SECONDS_PER_SCRIPTED_EPISODE, "openai": SECONDS_PER_ENDPOINT_EPISODE}[kind]
-    width = max(1, min(n, in_flight))
-    return math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+    return _tiny_episodes_seconds(n, in_flight, _fast_decode(ctx))
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -535,6 +566,15 @@ def run_train(ctx) -> tuple[list[str], dict]:
                        "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()}}
 
 
+def _fast_grpo(ctx) -> bool:
+    """Whether GRPO runs the fast path (``train.options`` decode and loss_forward; auto: on CPU, the tiny model)."""
+    o = ctx.cfg.train.options
+    decode, loss = o.get("decode", "auto"), o.get("loss_forward", "auto")
+    if decode == "hf" or loss == "trl":
+        return False
+    return str(o.get("device", "auto")) in ("auto", "cpu")
+
+
 def estimate_train(ctx) -> tuple[float | None, str]:
     t = ctx.cfg.train
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
@@ -552,8 +592,9 @@ def estimate_train(ctx) -> tuple[float | None, str]:
         floor = longest * (t.max_minutes * 60 + 30.0)
         what = f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines"
     else:
-        total = runs * t.max_steps * SECONDS_PER_GRPO_STEP_TINY + sft
-        floor = longest * t.max_steps * SECONDS_PER_GRPO_STEP_TINY
+        per_step = SECONDS_PER_GRPO_STEP_TINY_FAST if _fast_grpo(ctx) else SECONDS_PER_GRPO_STEP_TINY
+        total = runs * t.max_steps * per_step + sft
+        floor = longest * t.max_steps * per_step
         what = f"{k} adapters × {t.max_steps} GRPO steps + baselines"
     if t.workers > 1:
         return max(total / t.workers, floor), what + f", {t.workers} at once"
@@ -635,7 +676,8 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     def hf(path: str, adapter: str | None = None):
         # A partial of the class, not a closure: it pickles, so evaluate.workers can build it in a worker process.
         return functools.partial(HFAgent, path, adapter=adapter, threads=b.threads, device=b.device,
-                                 max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed)
+                                 max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed,
+                                 decode=b.decode)
 
     def why_missing(stage: str) -> str:
         entry = ctx.state["stages"].get(stage, {})
@@ -910,9 +952,11 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
-    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer).
-    width = max(1, min(n, e.in_flight))
-    per_method = math.ceil(n / width) * (SECONDS_PER_TINY_BATCH + width * SECONDS_PER_TINY_EPISODE_IN_BATCH)
+    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer); the
+    # composer always decodes with generate(), the others as base.decode says.
+    fast = _fast_decode(ctx)
+    composer = int("trace_moe" in e.methods)
+    per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
     workers = min(e.workers, methods)
-    return (math.ceil(methods / workers) * per_method,
+    return (math.ceil(methods / workers) * sum(per_method) / methods,
             f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else ""))

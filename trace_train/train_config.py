@@ -27,6 +27,9 @@ from typing import Any
 DEVICES = ("auto", "cpu", "cuda")
 #: ``rollout`` values: TRACE's multi-turn loop (``trace``) or TRL's ``environment_factory`` tool loop (``trl``).
 ROLLOUTS = ("trace", "trl")
+#: ``TrainConfig.decode`` and ``TrainConfig.loss_forward`` choices.
+DECODES = ("auto", "fast", "hf")
+LOSS_FORWARDS = ("auto", "shared_prefix", "trl")
 #: ``vllm_mode`` values (TRL's): one GPU shares training and generation, or a separate ``trl vllm-serve``.
 VLLM_MODES = ("colocate", "server")
 #: TRL 1.16's GRPO loss variants.
@@ -126,6 +129,15 @@ class TrainConfig:
     rollout: str = _help("'trace': TRACE's multi-turn loop (HFAgent prompts, as `trace eval` sees the model; phase "
                          "timings, dynamic sampling, hints); 'trl': TRL's environment_factory tool loop (works with "
                          "use_vllm)", default="trace")
+    decode: str = _help("how the rollouts generate (rollout='trace'): 'fast' with trace_train.fast_decode (a "
+                        "hand-written loop for Qwen3-architecture models: the prefix the batch shares attended once, "
+                        "tested token-for-token against generate), 'hf' with model.generate (the path before it), "
+                        "'auto' fast for the tiny presets' models on CPU and hf otherwise", default="auto")
+    loss_forward: str = _help("how the loss computes the policy's log-probs: 'shared_prefix' encodes the prefix the "
+                              "batch's episodes share once, then each episode at its own length "
+                              "(trace_train.prefix_logprobs: TRL's values with less compute); 'trl' TRL's padded "
+                              "forward over every episode; 'auto' shared_prefix wherever decode resolves to fast",
+                              default="auto")
     use_vllm: bool = _help("generate with vLLM (GPU only; needs rollout='trl' and `pip install vllm`)", default=False)
     vllm_mode: str = _help("colocate (one GPU) or server (`trl vllm-serve` on other GPUs)", default="colocate")
     save_steps: int = _help("checkpoint every N steps (adapter, optimizer, scheduler, RNG and step count)", default=10)
@@ -224,6 +236,10 @@ class TrainConfig:
                                      f"at least {1 / self.group_size:.3g}")
         if self.device not in DEVICES:
             self._fail("device", f"choose one of {', '.join(DEVICES)}")
+        if self.decode not in DECODES:
+            self._fail("decode", f"choose one of {', '.join(DECODES)}")
+        if self.loss_forward not in LOSS_FORWARDS:
+            self._fail("loss_forward", f"choose one of {', '.join(LOSS_FORWARDS)}")
         if self.rollout not in ROLLOUTS:
             self._fail("rollout", f"choose one of {', '.join(ROLLOUTS)}")
         if self.vllm_mode not in VLLM_MODES:
@@ -414,4 +430,4 @@ class TrainConfig:
         return "\n".join(lines)
 
 
-__all__ = ["ConfigError", "DEVICES", "LOSS_TYPES", "ROLLOUTS", "TrainConfig", "VLLM_MODES"]
+__all__ = ["ConfigError", "DECODES", "DEVICES", "LOSS_FORWARDS", "LOSS_TYPES", "ROLLOUTS", "TrainConfig", "VLLM_MODES"]

@@ -80,6 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per turn at most")
     p.add_argument("--threads", type=int, default=1, help="hf: torch CPU threads (default: 1)")
+    p.add_argument("--decode", choices=["auto", "fast", "hf"], default="auto",
+                   help="hf: the hand-written decode loop (fast), model.generate (hf), or fast for the tiny "
+                        "presets on CPU (auto, the default)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="env reset option (repeatable)")
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
@@ -103,7 +106,7 @@ def make_cli_agent(args):
         from trace_train.models import model_env_kwargs
 
         agent = HFAgent(args.model, adapter=args.adapter, threads=args.threads, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature)
+                        temperature=args.temperature, decode=args.decode)
         return agent, lambda env_id: model_env_kwargs(args.model, env_id)
     if args.agent == "openai":
         if not args.model:
