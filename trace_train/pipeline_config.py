@@ -500,20 +500,22 @@ def dump_config(cfg: RunConfig) -> str:
 def embedded_default(**overrides: Any) -> RunConfig:
     """The run ``trace run`` does with no config: the whole loop on CPU with the tiny model, small real budgets.
 
-    The base agent is the ``tiny`` model warmed up here (cached by its config, so only the first run pays
-    for it) for 1200 SFT steps on two torch threads — a step budget, so the same base on machines of one
-    CPU type (another CPU rounds differently, and the base with it) — on the airline target's one-request
-    oracle episodes of three families: ``flight_status`` and ``info`` in full and ``cancel``
-    under-represented (a tenth of its episodes), the recipe of ``bench/bootstrap_curve.py``. Its gaps come
-    from how it was trained — families it saw often against a family it saw rarely — never from reading the
-    answer. Measured: it solves 9 of the 40 diagnosis episodes (``flight_status`` sometimes, the others
-    never). Copying ids is what the warm-up learns last, and fewer steps sit on the edge of it: 480 steps
-    left a fresh tiny build unable to copy a user id (0 of 40), and 800 steps gave 8 of 40 on one machine,
-    2 of 40 on another and 0 of 40 on two threads. Both cores work: the warm-up on two threads (1200
-    steps in 880 s, against 800 in 927 s on one), the base's rollouts in two processes, the adapters and
-    baselines two at a time, and the methods evaluated two at a time, each process on one torch thread
-    (the fastest for this model's inference). ``docs/demo/`` holds the report of a run of exactly this
-    config; the README says what it reached.
+    The base agent is the ``tiny`` model warmed up for 1200 SFT steps on one torch thread on the airline
+    target's one-request oracle episodes of three families: ``flight_status`` and ``info`` in full and
+    ``cancel`` under-represented (a tenth of its episodes). Its gaps come from how it was trained — families
+    it saw often against a family it saw rarely — never from reading the answer. That base is shipped with
+    the project (``trace_train/tiny/bases/embedded-default/``): this recipe's cache name matches it, so
+    ``trace run`` installs it instead of warming up (the warm-up took 50 minutes on a loaded 2-core machine,
+    and another CPU's rounding would make another base). Measured as ``trace run`` sees it: it solves 9 of
+    the 40 diagnosis episodes (``flight_status`` 9 of 15, ``info`` and ``cancel`` never). Change any
+    ``base.bootstrap`` field and a new base is warmed up and cached instead.
+
+    The time the shipped base saves goes to training and evaluation: each adapter and baseline trains for
+    6 minutes of GRPO (two at a time, on the fast decode path: a step of 8 episodes costs ~5 s here) and
+    every method is evaluated on 100 held-out seeds, so the intervals can separate methods. Both cores
+    work: the base's rollouts in two processes, the adapters and baselines two at a time, and the methods
+    evaluated two at a time, each process on one torch thread (the fastest for this model).
+    ``docs/demo/`` holds the report of a run; ``docs/demo.md`` says what it reached.
     """
     target_kwargs = {"scenarios": ["flight_status", "info", "cancel"], "size": {"bundle_prob": 0.0}}
     data = {
@@ -525,11 +527,11 @@ def embedded_default(**overrides: Any) -> RunConfig:
         "rollout": {"targets": ["trace/tau_airline-v0"], "seeds": "1000:1040", "in_flight": 40, "workers": 2,
                     "env_kwargs": {**target_kwargs, "max_episode_steps": 16}},
         "diagnose": {"max_capabilities": 2},
-        "train": {"max_steps": 1000, "max_minutes": 1.5, "sft_steps": 40, "workers": 2,
+        "train": {"max_steps": 1000, "max_minutes": 6.0, "sft_steps": 40, "workers": 2,
                   "options": {"group_size": 4, "groups_per_step": 2, "learning_rate": 1.0e-3, "temperature": 1.0,
                               "max_turn_tokens": 160, "calibration_groups": 0, "env_kwargs": {"difficulty": 1},
                               "max_tool_calling_iterations": 10, "save_steps": 5}},
         "compose": {"router_seeds": 8},
-        "evaluate": {"seeds": "0:40", "in_flight": 40, "workers": 2},
+        "evaluate": {"seeds": "0:100", "in_flight": 50, "workers": 2},
     }
     return config_from_dict(data, **overrides)
