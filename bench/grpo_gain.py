@@ -134,6 +134,10 @@ def evaluate_pair(work: Path, base: str, adapter: str, env: str, difficulty: int
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="/tmp/trace-grpo-gain")
+    ap.add_argument("--base", help="a warmed-up base to start from instead of bootstrapping one, e.g. "
+                    "trace_train/tiny/bases/embedded-default (the shipped base)")
+    ap.add_argument("--env", help="train on this env id instead of the calibration table's pick")
+    ap.add_argument("--difficulty", type=int, default=None, help="with --env: its difficulty (default 1)")
     ap.add_argument("--bootstrap-minutes", type=float, default=10.0)
     ap.add_argument("--bootstrap-seeds", type=int, default=1000, help="target episodes of the warm-up")
     ap.add_argument("--mix-share", type=float, default=0.05)
@@ -155,12 +159,17 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     caps = capability_envs()
     t0 = time.perf_counter()
-    print(f"[1/4] base: tiny, bootstrapped on {TARGET} + {args.mix_share:.0%} of each of {caps} (difficulty 1)",
+    print(f"[1/4] base: {args.base}" if args.base else
+          f"[1/4] base: tiny, bootstrapped on {TARGET} + {args.mix_share:.0%} of each of {caps} (difficulty 1)",
           flush=True)
-    base = make_base(work, args.bootstrap_minutes, args.mix_share, caps, args.bootstrap_seeds)
+    base = args.base or make_base(work, args.bootstrap_minutes, args.mix_share, caps, args.bootstrap_seeds)
     print(f"[2/4] calibration of the base ({args.groups} groups x {args.group_size}, temperature 1.0)", flush=True)
     table = calibration_table(work, base, caps, args.difficulties, args.groups, args.group_size, args.max_turns)
     cell = pick(table)
+    if args.env:
+        chosen = [r for r in table if r["env"] == args.env and r["difficulty"] == (args.difficulty or 1)]
+        cell = chosen[0] if chosen else {"env": args.env, "difficulty": args.difficulty or 1, "informative": 0.0,
+                                         "mean_reward": 0.0}
     print(f"[3/4] rule: {RULE} -> {cell['env']} difficulty {cell['difficulty']} "
           f"(informative {cell['informative']:.0%}, mean reward {cell['mean_reward']:.3f})", flush=True)
     from trace_train.grpo import TrainConfig, read_log, train
