@@ -111,6 +111,8 @@ class WorkerSpec:
         clock_shift_days: run the worker's clock this many days ahead (libfaketime, when installed).
         random_seed: seed the worker's global ``random`` before the module is imported.
         limits: :class:`SandboxLimits`.
+        sandbox: ``"auto"`` (bubblewrap, refusing without it unless unsandboxed is asked for) or ``"none"``
+            (explicitly unsandboxed: a plain subprocess).
     """
 
     env_id: str
@@ -122,6 +124,11 @@ class WorkerSpec:
     clock_shift_days: int = 0
     random_seed: int | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
+    sandbox: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.sandbox not in ("auto", "none"):
+            raise ValueError(f"sandbox must be 'auto' or 'none', got {self.sandbox!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -445,10 +452,11 @@ _COLLECTORS: list[list] = []
 
 
 class collect_output:
-    """Context manager: the (env id, output tail) of every worker closed inside it, for an admission report."""
+    """Context manager: (env id, output tail, error or None) of every worker that ends inside it (closed or
+    failed), for an admission report."""
 
-    def __enter__(self) -> list[tuple[str, str]]:
-        self.items: list[tuple[str, str]] = []
+    def __enter__(self) -> list[tuple[str, str, str | None]]:
+        self.items: list[tuple[str, str, str | None]] = []
         _COLLECTORS.append(self.items)
         return self.items
 
@@ -507,6 +515,8 @@ class SandboxedEnv(gym.Env):
         self.env_kwargs = dict(kwargs)
         self.render_mode = render_mode
         ok, why = bwrap_status()
+        if self.spec_worker.sandbox == "none":
+            ok, why, trace_unsandboxed = False, "running unsandboxed was asked for", True
         self.unsandboxed = not ok
         if not ok:
             if not unsandboxed_requested(trace_unsandboxed):
@@ -543,7 +553,7 @@ class SandboxedEnv(gym.Env):
         if "__error__" in result:
             tail = self._worker.output_tail()
             self._worker.kill()
-            self._collect()
+            self._collect(f"failed to start: {result['__error__']}")
             raise WorkerError(f"{s.env_id} failed to start: {result['__error__']}" +
                               (f"\n[untrusted output of the module]\n{tail[-2000:]}" if tail.strip() else ""))
         self._fresh = True
@@ -563,11 +573,11 @@ class SandboxedEnv(gym.Env):
         self._failed = self.worker_error = reason
         if self._worker is not None:
             self._worker.kill()
-            self._collect()
+            self._collect(reason)
 
-    def _collect(self) -> None:
+    def _collect(self, error: str | None = None) -> None:
         if self._worker is not None and _COLLECTORS:
-            _COLLECTORS[-1].append((self.spec_worker.env_id, self._worker.output_tail()))
+            _COLLECTORS[-1].append((self.spec_worker.env_id, self._worker.output_tail(), error))
 
     def _error_result(self, reason: str) -> tuple:
         info = {"messages": list(self._last_info.get("messages") or []), "tools": self._last_info.get("tools") or [],
