@@ -58,6 +58,14 @@ class Host:
                        "action_space": space_to_wire(self.env.action_space),
                        "metadata": json.loads(json.dumps(getattr(self.env, "metadata", {}) or {}, default=str))}
 
+    def _rng(self):
+        """The env's ``np_random`` state, so that the proxy's follows it (gymnasium's seeding contract)."""
+        rng = getattr(self.env, "_np_random", None)
+        try:
+            return rng.bit_generator.state if rng is not None else None
+        except AttributeError:
+            return None
+
     def handle(self, msg: dict) -> dict:
         from trace_envs.core.wire import pack, unpack
 
@@ -69,12 +77,12 @@ class Host:
             obs, info = env.reset(seed=msg.get("seed"), options=unpack(msg.get("options")))
             self.last = (obs, info)
             task = env.task_info() if hasattr(env, "task_info") else {}
-            return {"observation": obs, "info": self.sender.delta(info), "task_info": pack(task)}
+            return {"observation": obs, "info": self.sender.delta(info), "task_info": pack(task), "rng": self._rng()}
         if op == "step":
             obs, reward, terminated, truncated, info = env.step(unpack(msg.get("action")))
             self.last = (obs, info)
             return {"observation": obs, "reward": float(reward), "terminated": bool(terminated),
-                    "truncated": bool(truncated), "info": self.sender.delta(info)}
+                    "truncated": bool(truncated), "info": self.sender.delta(info), "rng": self._rng()}
         if op == "query":
             what = msg.get("what")
             if what == "task_fingerprint":

@@ -494,8 +494,9 @@ class SandboxedEnv(gym.Env):
     """A TraceEnv-compatible proxy whose env runs in a sandboxed worker process.
 
     Made by ``gym.make`` for sandboxed registry entries (``trace_env_id``), or directly from a
-    :class:`WorkerSpec` (``trace_worker``, as admission does). Other keyword arguments go to the env's
-    constructor in the worker. Spaces, ``reset``/``step``/``close``, seeding and ``info`` are the
+    :class:`WorkerSpec` (``trace_worker``, as admission does). ``trace_limits`` overrides fields of
+    :class:`SandboxLimits` (e.g. ``{"call_timeout_s": 10}``); ``trace_unsandboxed=True`` lets it run
+    without bubblewrap. Other keyword arguments go to the env's constructor in the worker. Spaces, ``reset``/``step``/``close``, seeding and ``info`` are the
     env's own; the transcript (``messages``), ``tools``, ``task_info()``, ``task_fingerprint()``,
     ``oracle()`` (a policy that runs in the worker) and ``open_resources()`` are available here too.
     """
@@ -504,13 +505,17 @@ class SandboxedEnv(gym.Env):
     hint_text = None
 
     def __init__(self, trace_env_id: str | None = None, trace_worker: dict | None = None,
-                 trace_unsandboxed: bool | None = None, render_mode: str | None = None, **kwargs: Any):
+                 trace_unsandboxed: bool | None = None, trace_limits: dict | None = None,
+                 render_mode: str | None = None, **kwargs: Any):
         if trace_worker is None:
             if trace_env_id is None:
                 raise TypeError("SandboxedEnv needs trace_env_id (a registered id) or trace_worker (a WorkerSpec)")
             from .registry import get_entry, worker_spec
 
             trace_worker = worker_spec(get_entry(trace_env_id)).to_dict()
+        if trace_limits:
+            trace_worker = {**trace_worker, "limits": {**asdict(WorkerSpec.from_dict(trace_worker).limits),
+                                                       **trace_limits}}
         self.spec_worker = WorkerSpec.from_dict(trace_worker)
         self.env_kwargs = dict(kwargs)
         self.render_mode = render_mode
@@ -621,6 +626,7 @@ class SandboxedEnv(gym.Env):
             return obs, info
         self._task_info = task if isinstance(task, dict) else {}
         self._last_info = info
+        self._follow_rng(result.get("rng"))
         return obs, info
 
     def step(self, action: Any):
@@ -647,7 +653,25 @@ class SandboxedEnv(gym.Env):
             self._fail(f"the worker broke the protocol in step: {exc}")
             return self._error_result(self._failed)
         self._last_info = info
+        self._follow_rng(result.get("rng"))
         return obs, float(reward), terminated, truncated, info
+
+    _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
+
+    def _follow_rng(self, state: Any) -> None:
+        """Set this proxy's ``np_random`` to the env's state (a malformed state is ignored: it is only a mirror)."""
+        if not (isinstance(state, dict) and state.get("bit_generator") in self._BIT_GENERATORS):
+            return
+        import numpy as np
+
+        try:
+            rng = self._np_random
+            if rng is None or type(rng.bit_generator).__name__ != state["bit_generator"]:
+                rng = np.random.Generator(getattr(np.random, state["bit_generator"])())
+            rng.bit_generator.state = state
+            self._np_random = rng
+        except (TypeError, ValueError, KeyError, AttributeError):
+            pass
 
     @staticmethod
     def _observation(value: Any) -> str:
