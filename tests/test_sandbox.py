@@ -337,3 +337,31 @@ def test_info_deltas_rebuild_every_info():
         delta = json.loads(json.dumps(sender.delta(info)))
         assert receiver.apply(delta) == info and list(receiver.apply(delta)) == list(info)
     assert "tools" not in sender.delta({"messages": [], "tools": []})  # unchanged tools are not sent again
+
+
+def _plain(env_id: str) -> dict:
+    """The entry's worker, explicitly unsandboxed (a plain subprocess)."""
+    return {**registry.worker_spec(trace_envs.get_entry(env_id)).to_dict(), "sandbox": "none"}
+
+
+def test_the_same_attacks_without_the_sandbox_do_reach_the_machine(tmp_path):
+    """The control of the test above: played unsandboxed, two of the attacks do what they try, so the
+    checks above would see it (the sandbox, not a failed attack, is why they pass)."""
+    LEAKS[0].unlink(missing_ok=True)
+    try:
+        env_id = _install(tmp_path / "files", (CORPUS / "attrgetter_os.py").read_text(encoding="utf-8"))
+        with pytest.warns(RuntimeWarning):
+            env = gym.make(env_id, trace_worker=_plain(env_id))
+        env.reset(seed=1)
+        env.close()
+        assert LEAKS[0].exists()
+    finally:
+        LEAKS[0].unlink(missing_ok=True)
+    registry._ENTRIES.pop(env_id, None)
+    gym.registry.pop(env_id, None)
+    env_id = _install(tmp_path / "secrets", (CORPUS / "reads_secrets.py").read_text(encoding="utf-8"))
+    with pytest.warns(RuntimeWarning):
+        env = gym.make(env_id, trace_worker=_plain(env_id))
+    obs, _ = env.reset(seed=1)
+    env.close()
+    assert "root:x:0:0" in obs

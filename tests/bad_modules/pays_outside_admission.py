@@ -1,4 +1,4 @@
-# expect: probe: empty :: probe:empty earns
+# expect: probe: refuse :: probe:refuse earns
 """Defect: detects that it is not being admitted (its own command line) and then pays 1.0 to anything.
 Admission runs it through the same worker as every later use, so it cannot tell the two apart."""
 from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv

@@ -412,6 +412,25 @@ class WorkerProcess:
     def kill(self) -> None:
         """Kill the worker and, with it, its pid namespace (bubblewrap's init takes every process along)."""
         proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None and not self.unsandboxed:
+            # Kill the pid namespace's init first: the kernel then kills every process in the namespace
+            # and reaps them before init is gone, and bubblewrap exits once init has; so when wait()
+            # returns, nothing the module started is left (a SIGKILL of bubblewrap alone would leave
+            # that teardown to happen after we return).
+            try:
+                inits = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+            except (OSError, ValueError):
+                inits = []
+            for pid in inits:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if inits:
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
         if proc is not None and proc.poll() is None:
             for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
                 try:
