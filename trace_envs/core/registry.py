@@ -7,6 +7,11 @@ Gymnasium, so ``gym.make("trace/<name>-v0")`` works. Users' own and generated
 environments live in workspace registries, never in site-packages; a
 workspace folder is put on ``sys.path`` so its modules import by name.
 
+Generated entries (``origin: generated:*``) and entries with ``sandbox: true`` are
+registered behind the sandboxed-env proxy (:mod:`trace_envs.core.sandboxed`): ``gym.make``
+returns a proxy whose module runs in a bubblewrap worker, and this process never imports
+the module (it is only located on disk). A generated entry cannot opt out.
+
 A bad entry is rejected with a :class:`RegistryError` naming the file, the
 entry and the fix. Entry points are checked cheaply at import time (the
 module must exist); ``validate_entry(..., import_entry_point=True)`` and the
