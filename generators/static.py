@@ -69,14 +69,14 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     "rmtree", "write_text", "write_bytes", "_exit", "exec_module", "load_module", "import_module", "dlopen",
     # processes and foreign code through allowed packages (numpy, gymnasium)
     "setsid", "setpgid", "setpgrp", "daemon", "ctypeslib", "distutils", "exec_command", "load_env_creator",
-    "AsyncVectorEnv", "vector", "f2py", "testing",
+    "AsyncVectorEnv", "vector", "f2py",
     # files and the network through allowed packages
     "DataSource", "memmap", "open_memmap", "save", "savez", "savez_compressed", "savetxt", "tofile", "FileHandler",
     "cli", "tempfile", "pathlib", "io", "inspect", "logging", "pickle", "marshal", "threading", "multiprocessing",
-    "urllib", "http", "requests", "gc",
+    "urllib", "http", "gc",
     # reaching code by name, frames, the interpreter
     "attrgetter", "methodcaller", "currentframe", "_getframe", "f_back", "f_globals", "f_locals", "f_builtins",
-    "f_code", "gi_frame", "cr_frame", "ag_frame", "tb_frame", "tb_next", "modules",
+    "f_code", "gi_frame", "cr_frame", "ag_frame", "tb_frame", "tb_next",
     # the registries and constructors of the process that imports the env
     "make", "register", "registry", "load_registry", "register_entries", "register_agent", "load_default_registries",
 })
