@@ -83,6 +83,8 @@ class Host:
             self.last = (obs, info)
             return {"observation": obs, "reward": float(reward), "terminated": bool(terminated),
                     "truncated": bool(truncated), "info": self.sender.delta(info), "rng": self._rng()}
+        if op == "spaces":
+            return dict(self.spaces)
         if op == "query":
             what = msg.get("what")
             if what == "task_fingerprint":

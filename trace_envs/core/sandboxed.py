@@ -77,8 +77,8 @@ class SandboxLimits:
         cpu_s: CPU seconds over the worker's life (``RLIMIT_CPU``; generous, since one worker serves a
             whole training run: the per-call timeout is what bounds a slow step).
         file_mb: largest file it may write in its scratch dir (``RLIMIT_FSIZE``).
-        nproc: processes (``RLIMIT_NPROC``; the kernel does not enforce it for root, the pid namespace
-            still ends every process with the worker).
+        nproc: processes the worker may add (``RLIMIT_NPROC``, on top of the user's running ones; the
+            kernel does not enforce it for root; the pid namespace still ends every process with the worker).
         start_timeout_s: importing the module and building the env.
         call_timeout_s: any one ``reset``/``step``/query.
     """
@@ -242,13 +242,29 @@ def _bwrap_command(spec: WorkerSpec, env: dict[str, str], fds: tuple[int, int]) 
     return cmd + [sys.executable, "-B", "-m", "trace_envs.core.sandbox_worker", str(fds[0]), str(fds[1])]
 
 
+def _own_processes() -> int:
+    """How many processes this user runs (RLIMIT_NPROC counts them all, not only the worker's)."""
+    uid, n = os.getuid(), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                n += entry.stat().st_uid == uid
+            except OSError:
+                pass
+    return n
+
+
 def _limit_fn(limits: SandboxLimits):
     import resource
+
+    # The kernel does not apply RLIMIT_NPROC to root; for anyone else it counts every process of the
+    # user, so the worker gets its share on top of what already runs.
+    nproc = limits.nproc + (_own_processes() if os.getuid() != 0 else 0)
 
     def apply() -> None:
         for which, value in ((resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024), (resource.RLIMIT_CPU, limits.cpu_s),
                              (resource.RLIMIT_FSIZE, limits.file_mb * 1024 * 1024),
-                             (resource.RLIMIT_NPROC, limits.nproc), (resource.RLIMIT_CORE, 0)):
+                             (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_CORE, 0)):
             try:
                 resource.setrlimit(which, (value, value))
             except (ValueError, OSError):  # e.g. a hard limit already lower

@@ -9,8 +9,10 @@ Requests (``{"id": n, "op": ..., ...}``) and what their replies carry in ``resul
 
 ``init``    ``{"module", "cls", "kwargs", "render_mode", "clock_shift_s", "random_seed"}`` →
             ``{"observation_space", "action_space", "metadata"}`` (space descriptors, :func:`space_to_wire`)
-``reset``   ``{"seed", "options"}`` → ``{"observation", "info", "task_info"}``
-``step``    ``{"action"}`` → ``{"observation", "reward", "terminated", "truncated", "info"}``
+``spaces``  ``{}`` → the same descriptors as ``init``'s reply
+``reset``   ``{"seed", "options"}`` → ``{"observation", "info", "task_info", "rng"}``
+``step``    ``{"action"}`` → ``{"observation", "reward", "terminated", "truncated", "info", "rng"}``
+            (``rng``: the env's ``np_random`` state, which the proxy's follows)
 ``query``   ``{"what": "task_fingerprint" | "task_info" | "write_tools" | "open_resources" | "render"}``
             → ``{"value"}``
 ``policy``  ``{"kind": "oracle" | "tau_scripted" | "agent", "args": {...}}`` → ``{"handle"}``: a scripted
@@ -38,7 +40,7 @@ from typing import Any
 
 #: Largest message accepted (bytes); a longer line is a protocol error.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-OPS = ("init", "reset", "step", "query", "policy", "act", "close")
+OPS = ("init", "spaces", "reset", "step", "query", "policy", "act", "close")
 QUERIES = ("task_fingerprint", "task_info", "write_tools", "open_resources", "render")
 POLICY_KINDS = ("oracle", "tau_scripted", "agent")
 
