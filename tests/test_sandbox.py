@@ -133,6 +133,13 @@ def test_offline_generated_envs_give_the_same_trajectories_through_the_proxy(tmp
         assert proxy.unwrapped.np_random.bit_generator.state == local.unwrapped.np_random.bit_generator.state
         assert proxy.reset()[0] == local.reset()[0]
         assert proxy.unwrapped.task_fingerprint() == local.unwrapped.task_fingerprint()
+        assert proxy.unwrapped.task_spec() == local.unwrapped.task_spec()
+        assert proxy.unwrapped.task_info() == local.unwrapped.task_info()
+        # what the TRL adapter and the write-all probe read of the toolset
+        ours, theirs = proxy.unwrapped._toolset, local.unwrapped._toolset
+        assert {n: s.defaults for n, s in ours.specs.items()} == {n: s.defaults for n, s in theirs.specs.items()}
+        names = [t["function"]["name"] for t in proxy.unwrapped.tools]
+        assert [ours.is_write(n) for n in names] == [theirs.is_write(n) for n in names] and any(map(ours.is_write, names))
     finally:
         proxy.close()
         local.close()

@@ -91,6 +91,12 @@ class Host:
                 return {"value": env.task_fingerprint()}
             if what == "task_info":
                 return {"value": pack(env.task_info())}
+            if what == "task_spec":
+                return {"value": pack(env.task_spec())}
+            if what == "tool_defaults":
+                toolset = getattr(env, "_toolset", None)
+                specs = getattr(toolset, "specs", None) or {}
+                return {"value": pack({name: dict(getattr(spec, "defaults", {}) or {}) for name, spec in specs.items()})}
             if what == "write_tools":
                 toolset = getattr(env, "_toolset", None)
                 names = [t["function"]["name"] for t in env.tools] if toolset is not None else []

@@ -515,14 +515,27 @@ class _RemotePolicy:
         return wire.unpack(result.get("action"))
 
 
-class _WriteTools:
-    """What a probe asks of ``env._toolset``: which tools write (the worker's answer, or a trusted one)."""
+class _ToolSpecView:
+    def __init__(self, defaults: dict):
+        self.defaults = defaults
 
-    def __init__(self, names: set[str]):
-        self.names = names
+
+class _ToolsetView:
+    """What callers ask of ``env._toolset``: which tools write (the worker's answer, or a trusted one) and
+    each tool's argument defaults (``specs[name].defaults``, as the TRL adapter reads them)."""
+
+    def __init__(self, env: "SandboxedEnv", writes: set[str]):
+        self._env, self.names = env, writes
 
     def is_write(self, name: str) -> bool:
         return name in self.names
+
+    @property
+    def specs(self) -> dict:
+        value = self._env._query("tool_defaults")
+        if not isinstance(value, dict):
+            return {}
+        return {str(k): _ToolSpecView(dict(v) if isinstance(v, dict) else {}) for k, v in value.items()}
 
 
 class SandboxedEnv(gym.Env):
@@ -765,15 +778,27 @@ class SandboxedEnv(gym.Env):
         """The env's oracle, which lives in the worker: each call returns its action for the current state."""
         return self.remote_policy("oracle")
 
+    def _query(self, what: str) -> Any:
+        result = self._call("query", what=what)
+        if result is None or "__error__" in result:
+            return None
+        try:
+            return wire.unpack(result.get("value"))
+        except wire.WireError:
+            return None
+
+    def task_spec(self) -> dict:
+        value = self._query("task_spec")
+        return value if isinstance(value, dict) else {}
+
     @property
-    def _toolset(self) -> _WriteTools:
+    def _toolset(self) -> _ToolsetView:
         if self.trusted_write_tools is not None:
-            return _WriteTools(set(self.trusted_write_tools))
+            return _ToolsetView(self, set(self.trusted_write_tools))
         if self._write_tools is None:
-            result = self._call("query", what="write_tools")
-            value = (result or {}).get("value")
+            value = self._query("write_tools")
             self._write_tools = {str(v) for v in value} if isinstance(value, list) else set()
-        return _WriteTools(self._write_tools)
+        return _ToolsetView(self, self._write_tools)
 
     def open_resources(self) -> list[str]:
         """What is still open: the worker process while it runs (after ``close()``, nothing)."""

@@ -13,7 +13,8 @@ Requests (``{"id": n, "op": ..., ...}``) and what their replies carry in ``resul
 ``reset``   ``{"seed", "options"}`` → ``{"observation", "info", "task_info", "rng"}``
 ``step``    ``{"action"}`` → ``{"observation", "reward", "terminated", "truncated", "info", "rng"}``
             (``rng``: the env's ``np_random`` state, which the proxy's follows)
-``query``   ``{"what": "task_fingerprint" | "task_info" | "write_tools" | "open_resources" | "render"}``
+``query``   ``{"what": "task_fingerprint" | "task_info" | "task_spec" | "write_tools" | "tool_defaults" |
+            "open_resources" | "render"}``
             → ``{"value"}``
 ``policy``  ``{"kind": "oracle" | "tau_scripted" | "agent", "args": {...}}`` → ``{"handle"}``: a scripted
             policy built inside the host for the current episode (the env's own oracle, or a reference
@@ -41,7 +42,7 @@ from typing import Any
 #: Largest message accepted (bytes); a longer line is a protocol error.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 OPS = ("init", "spaces", "reset", "step", "query", "policy", "act", "close")
-QUERIES = ("task_fingerprint", "task_info", "write_tools", "open_resources", "render")
+QUERIES = ("task_fingerprint", "task_info", "task_spec", "write_tools", "tool_defaults", "open_resources", "render")
 POLICY_KINDS = ("oracle", "tau_scripted", "agent")
 
 
