@@ -229,7 +229,7 @@ def test_without_bubblewrap_a_generated_env_refuses_unless_unsandboxed_is_asked_
 def test_the_cli_flag_unsandboxed_sets_the_switch(monkeypatch, capsys):
     from trace_train.cli import main
 
-    monkeypatch.delenv(sandboxed.UNSANDBOXED_ENV, raising=False)
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "0")  # recorded, so the flag's "1" is undone afterwards
     assert main(["envs", "list", "--unsandboxed"]) == 0
     assert os.environ[sandboxed.UNSANDBOXED_ENV] == "1" and "--unsandboxed" in capsys.readouterr().err
 

@@ -38,7 +38,7 @@ class Host:
         import importlib
 
         from trace_envs.core.env import TraceEnv
-        from trace_envs.core.wire import InfoSender, space_to_wire
+        from trace_envs.core.wire import InfoSender, space_to_wire, unpack
 
         root = init.get("module_root")
         if root and root not in sys.path:
@@ -47,7 +47,7 @@ class Host:
         cls = getattr(module, init["cls"], None)
         if not (isinstance(cls, type) and issubclass(cls, TraceEnv)):
             raise TypeError(f"{init['module']}:{init['cls']} is not a subclass of trace_envs.TraceEnv")
-        kwargs = dict(init.get("kwargs") or {})
+        kwargs = dict(unpack(init.get("kwargs")) or {})
         if init.get("render_mode") is not None:
             kwargs["render_mode"] = init["render_mode"]
         self.env = cls(**kwargs)

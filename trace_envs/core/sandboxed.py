@@ -544,8 +544,8 @@ class SandboxedEnv(gym.Env):
     Made by ``gym.make`` for sandboxed registry entries (``trace_env_id``), or directly from a
     :class:`WorkerSpec` (``trace_worker``, as admission does). ``trace_limits`` overrides fields of
     :class:`SandboxLimits` (e.g. ``{"call_timeout_s": 10}``); ``trace_unsandboxed=True`` lets it run
-    without bubblewrap. Other keyword arguments go to the env's constructor in the worker. Spaces, ``reset``/``step``/``close``, seeding and ``info`` are the
-    env's own; the transcript (``messages``), ``tools``, ``task_info()``, ``task_fingerprint()``,
+    without bubblewrap. Other keyword arguments go to the env's constructor in the worker. Spaces,
+    ``reset``/``step``/``close``, seeding and ``info`` are the env's own; the transcript (``messages``), ``tools``, ``task_info()``, ``task_fingerprint()``,
     ``oracle()`` (a policy that runs in the worker) and ``open_resources()`` are available here too.
     """
 
@@ -583,7 +583,6 @@ class SandboxedEnv(gym.Env):
         self.worker_error: str | None = None
         self._worker: WorkerProcess | None = None
         self._receiver = wire.InfoReceiver()
-        self._fresh = True
         self._failed: str | None = None
         self._seed: int | None = None
         self._task_info: dict = {}
@@ -609,7 +608,6 @@ class SandboxedEnv(gym.Env):
             self._collect(f"failed to start: {result['__error__']}")
             raise WorkerError(f"{s.env_id} failed to start: {result['__error__']}" +
                               (f"\n[untrusted output of the module]\n{tail[-2000:]}" if tail.strip() else ""))
-        self._fresh = True
         return result
 
     def _call(self, op: str, **fields: Any) -> dict | None:
@@ -654,7 +652,6 @@ class SandboxedEnv(gym.Env):
                 self._start()
             except WorkerError as exc:
                 self._fail(str(exc))
-        self._fresh = False
         result = self._call("reset", seed=seed, options=wire.pack(options),
                             timeout=self.spec_worker.limits.call_timeout_s)
         if result is not None and "__error__" in result:
