@@ -232,7 +232,8 @@ def _target(target_env: str, spec_schemas: list[dict] | None) -> tuple[list[dict
         _, info = env.reset(seed=0)
         toolset = getattr(env.unwrapped, "_toolset", None)
         tools = list(info["tools"])
-        writes = {t["function"]["name"] for t in tools if toolset is not None and toolset.is_write(t["function"]["name"])}
+        names = [t["function"]["name"] for t in tools]
+        writes = {n for n in names if toolset is not None and toolset.is_write(n)}
         return tools, writes
     finally:
         env.close()
@@ -304,7 +305,8 @@ class _Session:
         if errors and row.status == "passed":
             row.status = "failed"
         if errors and not row.reason.startswith("the env's worker failed"):
-            row.reason = (f"the env's worker failed: {errors[0]}" + (f" | the check: {row.reason}" if row.reason else ""))
+            own = f" | the check: {row.reason}" if row.reason else ""
+            row.reason = f"the env's worker failed: {errors[0]}{own}"
         return row.status == "passed"
 
     def episode(self, env, agent, seed: int) -> dict:

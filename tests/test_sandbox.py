@@ -139,7 +139,8 @@ def test_offline_generated_envs_give_the_same_trajectories_through_the_proxy(tmp
         ours, theirs = proxy.unwrapped._toolset, local.unwrapped._toolset
         assert {n: s.defaults for n, s in ours.specs.items()} == {n: s.defaults for n, s in theirs.specs.items()}
         names = [t["function"]["name"] for t in proxy.unwrapped.tools]
-        assert [ours.is_write(n) for n in names] == [theirs.is_write(n) for n in names] and any(map(ours.is_write, names))
+        assert [ours.is_write(n) for n in names] == [theirs.is_write(n) for n in names]
+        assert any(map(ours.is_write, names))
     finally:
         proxy.close()
         local.close()

@@ -96,7 +96,8 @@ class Host:
             if what == "tool_defaults":
                 toolset = getattr(env, "_toolset", None)
                 specs = getattr(toolset, "specs", None) or {}
-                return {"value": pack({name: dict(getattr(spec, "defaults", {}) or {}) for name, spec in specs.items()})}
+                defaults = {name: dict(getattr(spec, "defaults", {}) or {}) for name, spec in specs.items()}
+                return {"value": pack(defaults)}
             if what == "write_tools":
                 toolset = getattr(env, "_toolset", None)
                 names = [t["function"]["name"] for t in env.tools] if toolset is not None else []

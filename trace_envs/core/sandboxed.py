@@ -545,7 +545,8 @@ class SandboxedEnv(gym.Env):
     :class:`WorkerSpec` (``trace_worker``, as admission does). ``trace_limits`` overrides fields of
     :class:`SandboxLimits` (e.g. ``{"call_timeout_s": 10}``); ``trace_unsandboxed=True`` lets it run
     without bubblewrap. Other keyword arguments go to the env's constructor in the worker. Spaces,
-    ``reset``/``step``/``close``, seeding and ``info`` are the env's own; the transcript (``messages``), ``tools``, ``task_info()``, ``task_fingerprint()``,
+    ``reset``/``step``/``close``, seeding and ``info`` are the env's own; the transcript (``messages``),
+    ``tools``, ``task_info()``, ``task_spec()``, ``task_fingerprint()``,
     ``oracle()`` (a policy that runs in the worker) and ``open_resources()`` are available here too.
     """
 
