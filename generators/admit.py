@@ -259,6 +259,7 @@ class _Session:
         self.deadline = time.monotonic() + cfg.timeout_s
         self.outputs: list[tuple[str, str]] = []
         self.rewards: list[float] = []
+        self.hung = ""  # after a per-call timeout the rest would only time out again: it is not run
 
     def make(self, **spec_overrides: Any):
         """A proxy of the candidate (``gym.make`` semantics: the registered wrappers included)."""
@@ -277,6 +278,9 @@ class _Session:
         from trace_envs.core.sandboxed import WorkerError, collect_output
 
         row = self.rows[name]
+        if self.hung:
+            row.reason = f"not run: the env hung in an earlier check ({self.hung})"
+            return False
         if time.monotonic() > self.deadline:
             row.status, row.reason = "failed", (f"not reached: the dynamic checks exceeded their time limit of "
                                                 f"{self.cfg.timeout_s:.0f} s")
@@ -304,6 +308,9 @@ class _Session:
             row.seconds = time.perf_counter() - t0
         if errors and row.status == "passed":
             row.status = "failed"
+        timeouts = [e for e in errors if "timed out" in e] + (["timed out"] if "timed out after" in row.reason else [])
+        if timeouts and name != "import":
+            self.hung = name
         if errors and not row.reason.startswith("the env's worker failed"):
             own = f" | the check: {row.reason}" if row.reason else ""
             row.reason = f"the env's worker failed: {errors[0]}{own}"
@@ -418,7 +425,7 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
                            call_timeout_s=cfg.call_timeout_s)
     spec = WorkerSpec(env_id=registration["id"], module=module_name, cls=registration["class"],
                       module_root=str(stage), bind=str(module_file), hash_seed=1, limits=limits)
-    worker = spec.to_dict()
+    worker = {**spec.to_dict(), "strict": True}  # a worker failure stops the check that met it
     if unsandboxed:
         worker["sandbox"] = "none"
     env_id = registration["id"]

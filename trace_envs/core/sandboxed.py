@@ -113,6 +113,8 @@ class WorkerSpec:
         limits: :class:`SandboxLimits`.
         sandbox: ``"auto"`` (bubblewrap, refusing without it unless unsandboxed is asked for) or ``"none"``
             (explicitly unsandboxed: a plain subprocess).
+        strict: raise :class:`WorkerError` out of ``reset``/``step`` when the worker fails, instead of ending
+            the episode with ``env_error`` (admission: a check stops at the first failure).
     """
 
     env_id: str
@@ -125,6 +127,7 @@ class WorkerSpec:
     random_seed: int | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     sandbox: str = "auto"
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "none"):
@@ -659,6 +662,7 @@ class SandboxedEnv(gym.Env):
             self._fail(f"reset raised {result['__error__']}")
             result = None
         if result is None:
+            self._raise_if_strict()
             obs, _, _, _, info = self._error_result(self._failed or "the worker failed")
             self._last_info = info
             return obs, info
@@ -677,6 +681,7 @@ class SandboxedEnv(gym.Env):
 
     def step(self, action: Any):
         if self._failed:
+            self._raise_if_strict()
             return self._error_result(self._failed)
         result = self._call("step", action=wire.pack(action))
         if result is not None and "__error__" in result:
@@ -684,6 +689,7 @@ class SandboxedEnv(gym.Env):
             self._fail(f"step raised {result['__error__']}")
             result = None
         if result is None:
+            self._raise_if_strict()
             out = self._error_result(self._failed or "the worker failed")
             self._last_info = out[4]
             return out
@@ -701,6 +707,10 @@ class SandboxedEnv(gym.Env):
         self._last_info = info
         self._follow_rng(result.get("rng"))
         return obs, float(reward), terminated, truncated, info
+
+    def _raise_if_strict(self) -> None:
+        if self.spec_worker.strict and self._failed:
+            raise WorkerError(self._failed)
 
     _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 
