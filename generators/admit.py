@@ -312,7 +312,8 @@ class _Session:
         if timeouts and name != "import":
             self.hung = name
         if errors and not row.reason.startswith("the env's worker failed"):
-            own = f" | the check: {row.reason}" if row.reason else ""
+            # the check's own text adds nothing when it only reports the same worker failure
+            own = f" | the check: {row.reason}" if row.reason and "WorkerError" not in row.reason else ""
             row.reason = f"the env's worker failed: {errors[0]}{own}"
         return row.status == "passed"
 
