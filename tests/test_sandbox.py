@@ -100,7 +100,14 @@ def _marked_processes(marker: bytes = b"31337") -> list[int]:
 def test_gym_make_of_a_generated_id_is_the_proxy_and_never_imports_the_module(tmp_path):
     env_id = _install(tmp_path, _offline_source())
     entry = trace_envs.get_entry(env_id)
-    assert entry.sandbox and entry.generated and entry.load_class() is SandboxedEnv
+    assert entry.sandbox and entry.generated
+    # what the trainer reads of the class (the hint text, the constructor's arguments) without importing it
+    from trace_train.models import env_accepts
+    from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
+
+    cls = entry.load_class()
+    assert issubclass(cls, SandboxedEnv) and cls.hint_text == getattr(PreconditionVerificationEnv, "hint_text", None)
+    assert env_accepts(env_id, "prompt") and env_accepts(env_id, "difficulty") and not env_accepts(env_id, "nope")
     env = gym.make(env_id)
     try:
         assert isinstance(env.unwrapped, SandboxedEnv) and env.spec.max_episode_steps == entry.max_episode_steps

@@ -71,11 +71,12 @@ class EnvEntry:
         return self.origin.startswith("generated")
 
     def load_class(self) -> type:
-        """The env class; for a sandboxed entry the proxy class (its module is never imported here)."""
+        """The env class; for a sandboxed entry a proxy class standing in for it, whose ``hint_text`` and
+        constructor signature are the env's, read from a worker (its module is never imported here)."""
         if self.sandbox:
-            from .sandboxed import SandboxedEnv
+            from .sandboxed import stand_in_class
 
-            return SandboxedEnv
+            return stand_in_class(self)
         module_name, _, attr = self.entry_point.partition(":")
         return getattr(importlib.import_module(module_name), attr)
 

@@ -31,6 +31,31 @@ def _prepare(init: dict) -> None:
         random.seed(int(seed))  # a pre-seeded global random: a task that reads it changes with this seed
 
 
+def describe_class(cls: type) -> dict:
+    """What a caller may ask of the env class without importing it: its ``hint_text`` and the keyword
+    arguments its constructor takes (following ``**kwargs`` handed on to a parent's constructor)."""
+    import inspect
+
+    names: list[str] = []
+    var_keyword = True
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            break
+        names += [p for p, v in params.items() if p != "self" and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)
+                  and p not in names]
+        if not any(v.kind is v.VAR_KEYWORD for v in params.values()):
+            var_keyword = False
+            break
+    hint = getattr(cls, "hint_text", None)
+    return {"name": cls.__name__, "doc": (cls.__doc__ or "")[:4000], "hint_text": hint if isinstance(hint, str) else None,
+            "init_params": names, "var_keyword": var_keyword}
+
+
 class Host:
     """The env and the scripted policies of its current episode."""
 
@@ -85,6 +110,8 @@ class Host:
                     "truncated": bool(truncated), "info": self.sender.delta(info), "rng": self._rng()}
         if op == "spaces":
             return dict(self.spaces)
+        if op == "describe":
+            return describe_class(type(env))
         if op == "query":
             what = msg.get("what")
             if what == "task_fingerprint":

@@ -485,6 +485,46 @@ class WorkerProcess:
         self.kill()
 
 
+# ------------------------------------------------------------------------------------------------ the class, described
+_DESCRIBED: dict[str, type] = {}
+
+
+def stand_in_class(entry: Any) -> type:
+    """A :class:`SandboxedEnv` subclass standing in for a sandboxed entry's env class, for callers that
+    inspect classes (``hint_text``, the constructor's keyword arguments): read from one worker that is
+    started for it (once per id), so the module is still never imported here."""
+    if entry.id in _DESCRIBED:
+        return _DESCRIBED[entry.id]
+    import inspect
+
+    from .registry import worker_spec
+
+    env = SandboxedEnv(trace_worker=worker_spec(entry).to_dict(), **dict(entry.kwargs))
+    try:
+        desc = env._worker.call("describe") if env._worker is not None else {}
+    except WorkerError:
+        desc = {}
+    finally:
+        env.close()
+    names = [str(n) for n in desc.get("init_params") or [] if isinstance(n, str) and n.isidentifier()]
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in names]
+    if desc.get("var_keyword"):
+        params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+
+    def __init__(self, **kwargs):  # noqa: N807 - what gym.make calls; the signature is the env's own
+        SandboxedEnv.__init__(self, trace_env_id=entry.id, **kwargs)
+
+    __init__.__signature__ = inspect.Signature(params)
+    hint = desc.get("hint_text")
+    name = desc.get("name") if isinstance(desc.get("name"), str) and desc["name"].isidentifier() else "SandboxedEnv"
+    cls = type(name, (SandboxedEnv,), {"__init__": __init__, "hint_text": hint if isinstance(hint, str) else None,
+                                       "__doc__": str(desc.get("doc") or SandboxedEnv.__doc__),
+                                       "__module__": __name__})
+    _DESCRIBED[entry.id] = cls
+    return cls
+
+
 # ------------------------------------------------------------------------------------------------ output capture
 _COLLECTORS: list[list] = []
 

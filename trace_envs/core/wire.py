@@ -10,6 +10,7 @@ Requests (``{"id": n, "op": ..., ...}``) and what their replies carry in ``resul
 ``init``    ``{"module", "cls", "kwargs", "render_mode", "clock_shift_s", "random_seed"}`` →
             ``{"observation_space", "action_space", "metadata"}`` (space descriptors, :func:`space_to_wire`)
 ``spaces``  ``{}`` → the same descriptors as ``init``'s reply
+``describe`` ``{}`` → ``{"name", "doc", "hint_text", "init_params", "var_keyword"}`` (the env class)
 ``reset``   ``{"seed", "options"}`` → ``{"observation", "info", "task_info", "rng"}``
 ``step``    ``{"action"}`` → ``{"observation", "reward", "terminated", "truncated", "info", "rng"}``
             (``rng``: the env's ``np_random`` state, which the proxy's follows)
@@ -41,7 +42,7 @@ from typing import Any
 
 #: Largest message accepted (bytes); a longer line is a protocol error.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-OPS = ("init", "spaces", "reset", "step", "query", "policy", "act", "close")
+OPS = ("init", "spaces", "describe", "reset", "step", "query", "policy", "act", "close")
 QUERIES = ("task_fingerprint", "task_info", "task_spec", "write_tools", "tool_defaults", "open_resources", "render")
 POLICY_KINDS = ("oracle", "tau_scripted", "agent")
 
