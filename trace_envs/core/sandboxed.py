@@ -214,6 +214,23 @@ def _code_paths() -> list[str]:
     return [str(p) for p in out]
 
 
+def _cache_root() -> Path:
+    return Path(os.environ.get("TRACE_CACHE") or Path.home() / ".cache" / "trace")
+
+
+def _shared_caches() -> list[tuple[str, str]]:
+    """(host path, path in the worker) of the caches a worker reads, read-only: the SWE repositories (the
+    trusted process fetched them; the worker has no network) and the parsed-registry cache (start-up speed)."""
+    out = []
+    swe = Path(os.environ.get("TRACE_SWE_CACHE") or _cache_root() / "swe")
+    if swe.is_dir():
+        out.append((str(swe.resolve()), str(swe.resolve())))
+    registry_cache = _cache_root() / "registry"
+    if registry_cache.is_dir():
+        out.append((str(registry_cache.resolve()), "/tmp/.cache/registry"))
+    return out
+
+
 def _scrubbed_env(spec: WorkerSpec, home: str, faketime: str | None) -> dict[str, str]:
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
@@ -222,6 +239,9 @@ def _scrubbed_env(spec: WorkerSpec, home: str, faketime: str | None) -> dict[str
         "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1", "TRACE_REGISTRY": "", "TRACE_CACHE": os.path.join(home, ".cache"),
     }
+    swe = Path(os.environ.get("TRACE_SWE_CACHE") or _cache_root() / "swe")
+    if swe.is_dir():
+        env["TRACE_SWE_CACHE"] = str(swe.resolve())
     if spec.clock_shift_days and faketime:
         env.update({"LD_PRELOAD": faketime, "FAKETIME": f"{int(spec.clock_shift_days):+d}d"})
     return env
@@ -239,6 +259,8 @@ def _bwrap_command(spec: WorkerSpec, env: dict[str, str], fds: tuple[int, int]) 
     cmd += ["--ro-bind", str(_TRACE_ENVS), str(_TRACE_ENVS)]
     if spec.bind and not Path(spec.bind).resolve().is_relative_to(_TRACE_ENVS):
         cmd += ["--ro-bind", spec.bind, spec.bind]
+    for host, inside in _shared_caches():
+        cmd += ["--ro-bind", host, inside]
     cmd += ["--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
