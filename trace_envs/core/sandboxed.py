@@ -508,15 +508,16 @@ class WorkerProcess:
 
 
 # ------------------------------------------------------------------------------------------------ the class, described
-_DESCRIBED: dict[str, type] = {}
+_DESCRIBED: dict[tuple[str, str, str], type] = {}
 
 
 def stand_in_class(entry: Any) -> type:
     """A :class:`SandboxedEnv` subclass standing in for a sandboxed entry's env class, for callers that
     inspect classes (``hint_text``, the constructor's keyword arguments): read from one worker that is
     started for it (once per id), so the module is still never imported here."""
-    if entry.id in _DESCRIBED:
-        return _DESCRIBED[entry.id]
+    key = (entry.id, entry.source, entry.entry_point)
+    if key in _DESCRIBED:
+        return _DESCRIBED[key]
     import inspect
 
     from .registry import worker_spec
@@ -543,7 +544,7 @@ def stand_in_class(entry: Any) -> type:
     cls = type(name, (SandboxedEnv,), {"__init__": __init__, "hint_text": hint if isinstance(hint, str) else None,
                                        "__doc__": str(desc.get("doc") or SandboxedEnv.__doc__),
                                        "__module__": __name__})
-    _DESCRIBED[entry.id] = cls
+    _DESCRIBED[key] = cls
     return cls
 
 
