@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make demo   set up, then run the main job on the embedded default
 #   make test   set up (Python packages, and Docker for the repository tasks), then run the test suite
-# `make setup` alone creates .venv with everything but vLLM (a GPU extra).
+# `make setup` alone creates .venv with everything but vLLM (a GPU extra), and installs bubblewrap.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,9 +9,13 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup docker demo test bench clean
+.PHONY: setup sandbox docker demo test bench clean
 
-setup: $(VENV)/.installed
+# bubblewrap too: generated envs run only in its sandbox (scripts/setup_sandbox.sh).
+setup: $(VENV)/.installed sandbox
+
+sandbox:
+	bash scripts/setup_sandbox.sh
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

@@ -2,15 +2,15 @@
 
 For each capability (default: the four τ² capabilities on airline) the offline generator renders a
 module (from a minimal spec: no evidence, so no focus families) and :func:`generators.admit.admit`
-runs the full admission with the default sizes (static checks; then, in the sandboxed worker,
-import, schema identity, the conformance suite on 8 seeds, task digests of 4 seeds in a second
-process, five reward-hacking probes on 8 seeds each and calibration on 24 groups of 8). The
-figures printed per env:
+runs the full admission with the default sizes (static checks; then, from this process against the
+module in its sandboxed worker: import, schema identity, the conformance suite on 8 seeds, task
+digests of 4 seeds in two more workers, the reward-hacking probes on 8 seeds each and calibration on
+24 groups of 8). The figures printed per env:
 
 * total wall seconds of ``admit`` (the goal, issue 14: under 60 s on 2 cores, so that a
   generate-admit-retry loop is cheap);
-* seconds per group of checks as the worker measured them, and the rest (process start-up,
-  sandbox, the parent's target-schema lookup, waiting for the second process);
+* seconds per group of checks (each includes starting its workers), and the rest (the static
+  checks, the target-schema lookup);
 * the anchor, measured in the same run: the conformance suite alone (``check_trace_env`` on the
   built-in env with the same seeds, in this process, no sandbox), and the ratio admission / anchor.
 
@@ -42,7 +42,7 @@ CAPABILITIES = ("precondition_verification", "multi_step_completion", "structure
                 "tool_calling_precision")
 GOAL_S = 60.0
 GROUPS = (("import", ("import",)), ("schemas", ("tool schemas", "no tool")), ("conformance", ("conformance:",)),
-          ("probes", ("probe:",)), ("calibration", ("calibration",)))
+          ("determinism", ("determinism", "same seed")), ("probes", ("probe:",)), ("calibration", ("calibration",)))
 
 
 def admit_one(capability: str, domain: str, work: Path, cfg: AdmissionConfig) -> tuple[float, dict, object]:

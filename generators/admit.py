@@ -1,17 +1,25 @@
 """Admission of a generated env module: nothing enters a workspace registry before it passes.
 
-Generated code is untrusted. :func:`admit` runs, in order:
+Generated code is untrusted, and the judge is never inside the judged. :func:`admit` runs, in order:
 
-(a) static checks on the source (:mod:`generators.static`): it parses, imports only from the
-    allow-list, no dynamic code, no file writes, no process/network/foreign-memory access, no dunder
-    escapes, a literal ``REGISTRATION`` dict whose id is the one assigned and not already registered;
-(b) dynamic checks in a separate process (:mod:`generators.admission_worker`) with a wall-clock
-    timeout, a memory limit (``RLIMIT_AS``) and no network — under bubblewrap (``--unshare-net``,
-    read-only file system, private ``/tmp``) where ``bwrap`` is installed, else a plain subprocess
-    with a warning; the report says which. The worker imports the module, compares its tool
-    schemas with the target's, runs the conformance suite (``check_trace_env``), the reward-hacking
-    probes and a calibration; a second process computes the task digests of a few seeds with
-    another ``PYTHONHASHSEED``, and the two must agree.
+(a) static checks on the source (:mod:`generators.static`): a fast first filter with clear messages
+    (imports off the allow-list, dynamic code, file writes, process/network/foreign-memory access,
+    dunder escapes, a literal ``REGISTRATION`` dict whose id is the one assigned and not taken). It is
+    a filter, not the security boundary;
+(b) dynamic checks, driven from this (trusted) process through the same sandboxed-env proxy that
+    every later use of a generated env goes through (:mod:`trace_envs.core.sandboxed`): the module
+    runs in a bubblewrap worker (no network, read-only file system but a private scratch dir, its own
+    pid namespace, a scrubbed environment, memory/CPU/file/process limits, a timeout per call) that
+    only answers ``reset``/``step``/``close`` (and hands out its oracle's actions). Every verdict is
+    computed here: the tool schemas against the target's, the conformance suite
+    (``check_trace_env``) on seeds drawn from the whole seed range, determinism across two worker
+    processes with another ``PYTHONHASHSEED``, another date and another global ``random`` state (and the
+    same seed twice on one instance), the reward-hacking probes (:mod:`generators.probes`) and a
+    calibration. The worker's printed output is kept apart: truncated, marked untrusted in the
+    report, never read for results.
+
+Without bubblewrap the dynamic checks do not run unless running unsandboxed was asked for explicitly
+(``sandbox="none"``, ``--unsandboxed`` or ``TRACE_UNSANDBOXED=1``); the report says which sandbox ran.
 
 The result is an :class:`AdmissionReport` (one row per check: passed / failed / not run, figure,
 reason, seconds), written as JSON and Markdown beside the module. Only an admitted module is
@@ -20,31 +28,21 @@ installed into the workspace (:mod:`generators.workspace`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import queue
-import resource
+import random
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
+import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from trace_envs.core.bwrap import rebind_hidden
-
-from .probes import PROBE_BOUND, PROBE_NAMES
+from .probes import PROBE_BOUND
 from .static import STATIC_CHECKS, static_check
-
-WORKER = Path(__file__).resolve().parent / "admission_worker.py"
-#: The folder that holds ``generators`` and ``trace_envs`` (put on the worker's PYTHONPATH).
-_CODE_ROOTS = sorted({str(Path(__file__).resolve().parent.parent),
-                      str(Path(__import__("trace_envs").__file__).resolve().parent.parent)})
 
 
 @dataclass
@@ -52,10 +50,13 @@ class AdmissionConfig:
     """Limits and sizes of the dynamic checks.
 
     Attributes:
-        timeout_s: wall-clock limit of the whole dynamic step (the worker is killed after it).
-        import_timeout_s: wall-clock limit of importing the module (an import that hangs fails fast).
+        timeout_s: wall-clock limit of all dynamic checks together (checks not reached fail).
+        import_timeout_s: limit of starting a worker (importing the module, building the env).
+        call_timeout_s: limit of any one ``reset``/``step`` (an env slower than this on some seed fails).
         memory_mb: address-space limit of each worker process (``RLIMIT_AS``).
-        n_seeds: seeds of the conformance suite (oracle, seed and determinism checks).
+        n_seeds: seeds of the conformance suite (oracle, seed and determinism checks), drawn from the
+            whole seed range (so are the digest seeds); the probes and the calibration, whose figures are
+            statistics compared with bounds, keep fixed seeds.
         digest_seeds: seeds whose task digests are compared across two processes.
         probe_seeds: episodes per reward-hacking probe.
         probe_bound: the most mean reward each probe may earn (:data:`generators.probes.PROBE_BOUND`,
@@ -65,11 +66,14 @@ class AdmissionConfig:
         calibration_deficit, calibration_random: its chances to play the deficit / random agent.
         calibration_agent: calibrate against this registered scripted agent instead (e.g. ``tau:noisy``;
             built per group member with its sampling seed), as ``trace envs calibrate --agent`` does.
-        sandbox: ``"auto"`` (bubblewrap when installed), ``"bwrap"`` (required) or ``"none"``.
+        sandbox: ``"auto"`` (bubblewrap; without it, refuse unless ``TRACE_UNSANDBOXED`` is set),
+            ``"bwrap"`` (required) or ``"none"`` (explicitly unsandboxed: a plain subprocess).
+        seed_draw: the seed of the draw of check seeds (None: a fresh one, written in the report).
     """
 
-    timeout_s: float = 300.0
-    import_timeout_s: float = 30.0
+    timeout_s: float = 600.0
+    import_timeout_s: float = 60.0
+    call_timeout_s: float = 4.0
     memory_mb: int = 2048
     n_seeds: int = 8
     digest_seeds: int = 4
@@ -82,13 +86,14 @@ class AdmissionConfig:
     calibration_seed_offset: int = 1000
     calibration_agent: str | None = None
     sandbox: str = "auto"
+    seed_draw: int | None = None
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "bwrap", "none"):
             raise ValueError(f"sandbox must be auto, bwrap or none, got {self.sandbox!r}")
         if not 0.0 <= self.probe_bound < 1.0:
             raise ValueError(f"probe_bound must be in [0, 1), got {self.probe_bound!r}")
-        if self.timeout_s <= 0 or self.import_timeout_s <= 0 or self.memory_mb < 256:
+        if self.timeout_s <= 0 or self.import_timeout_s <= 0 or self.call_timeout_s <= 0 or self.memory_mb < 256:
             raise ValueError("timeouts must be positive and memory_mb at least 256")
 
 
@@ -120,7 +125,8 @@ class AdmissionReport:
     warnings: list[str] = field(default_factory=list)
     registration: dict | None = None
     seconds: float = 0.0
-    output_tail: str = ""
+    output_tail: str = ""  # what the module printed: untrusted, labelled as such, never read for results
+    seeds: dict = field(default_factory=dict)
 
     @property
     def admitted(self) -> bool:
@@ -144,7 +150,7 @@ class AdmissionReport:
                 "admitted": self.admitted, "reason": self.reason, "sandbox": self.sandbox,
                 "warnings": self.warnings, "seconds": round(self.seconds, 3), "registration": self.registration,
                 "checks": [asdict(r) | {"seconds": round(r.seconds, 3)} for r in self.rows],
-                "output_tail": self.output_tail}
+                "seeds": self.seeds, "output_tail": self.output_tail}
 
     def to_markdown(self) -> str:
         verdict = "ADMITTED" if self.admitted else "REJECTED"
@@ -187,19 +193,35 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")[:300]
 
 
-#: Dynamic checks in report order (the worker's names); the first three are derived here.
-DYNAMIC_CHECKS = ["import", "tool schemas identical to the target's", "no tool the target lacks",
-                  "conformance: gymnasium check_env", "conformance: seed determinism",
-                  "conformance: different seeds differ", "conformance: oracle scores 1.0",
-                  "conformance: bad actions never crash, score < 1", "conformance: reward range and truncation",
-                  "conformance: close frees resources", "determinism across two processes",
-                  *(f"probe: {name.split(':', 1)[1]}" for name in PROBE_NAMES),
-                  "calibration", "rewards in [0, 1]"]
+#: Dynamic checks in report order; the probes' rows come from :func:`generators.probes.probe_agents`.
+CONFORMANCE_ROWS = ["conformance: gymnasium check_env", "conformance: seed determinism",
+                    "conformance: different seeds differ", "conformance: oracle scores 1.0",
+                    "conformance: bad actions never crash, score < 1", "conformance: reward range and truncation",
+                    "conformance: close frees resources"]
+SANDBOX_NOTE = ("bubblewrap (no network, read-only file system but a private scratch dir, own pid namespace, "
+                "scrubbed environment, resource limits, per-call timeout)")
+#: Seeds are drawn from the whole range a seed may take (a task that breaks on large seeds must show it).
+SEED_RANGE = 2 ** 32
+
+
+def dynamic_rows() -> list[str]:
+    """The dynamic rows of a report, in order."""
+    from .probes import probe_agents
+
+    probes = [f"probe: {a.name.split(':', 1)[1]}" for a in probe_agents(0)]
+    return ["import", "tool schemas identical to the target's", "no tool the target lacks", *CONFORMANCE_ROWS,
+            "determinism across two processes", "same seed twice on one instance", *probes, "calibration",
+            "rewards in [0, 1]"]
 
 
 # ------------------------------------------------------------------------------------------------ target
 def target_tool_schemas(target_env: str, spec_schemas: list[dict] | None = None) -> list[dict]:
     """The target's tool schemas: from a reset of the target env, or the spec's when the target needs Docker."""
+    return _target(target_env, spec_schemas)[0]
+
+
+def _target(target_env: str, spec_schemas: list[dict] | None) -> tuple[list[dict], set[str] | None]:
+    """(the target's tool schemas, the names of its write tools, or None when only the spec's are known)."""
     import gymnasium as gym
 
     import trace_envs  # noqa: F401 - registers the ids
@@ -210,131 +232,398 @@ def target_tool_schemas(target_env: str, spec_schemas: list[dict] | None = None)
         if not spec_schemas:
             raise ValueError(f"the target {target_env} requires {list(entry.requires)}; its tool schemas must come "
                              "from the spec (tool_schemas)")
-        return list(spec_schemas)
+        return list(spec_schemas), None
     env = gym.make(target_env)
     try:
         _, info = env.reset(seed=0)
-        return list(info["tools"])
+        toolset = getattr(env.unwrapped, "_toolset", None)
+        tools = list(info["tools"])
+        names = [t["function"]["name"] for t in tools]
+        writes = {n for n in names if toolset is not None and toolset.is_write(n)}
+        return tools, writes
     finally:
         env.close()
 
 
-# ------------------------------------------------------------------------------------------------ sandbox
-def sandbox_kind(requested: str = "auto") -> tuple[str, list[str]]:
-    """(``"bwrap"`` or ``"none"``, warnings) for the requested sandbox."""
-    bwrap = shutil.which("bwrap")
-    if requested == "none":
-        return "none", ["sandbox disabled (sandbox='none'): the module ran in a plain subprocess with network"]
-    if bwrap and _bwrap_works(bwrap):
-        return "bwrap", []
-    if requested == "bwrap":
-        raise RuntimeError("bubblewrap was required but `bwrap` is missing or unusable; install it with "
-                           "`apt-get install -y bubblewrap`")
-    return "none", ["bubblewrap (bwrap) is not available: the module ran in a plain subprocess (timeout and "
-                    "memory limit only, network NOT isolated). Install it with `apt-get install -y bubblewrap`"]
+# ------------------------------------------------------------------------------------------------ checks
+class CheckFailed(Exception):
+    """A check's verdict (the message is the reason, with its figure)."""
+
+    def __init__(self, reason: str, figure: str = ""):
+        super().__init__(reason)
+        self.figure = figure
 
 
-_BWRAP_OK: dict[str, bool] = {}
+class _Session:
+    """One admission's dynamic checks: the candidate registered (for this process only) behind the proxy."""
 
+    def __init__(self, report: AdmissionReport, rows: dict[str, CheckRow], cfg: AdmissionConfig, env_id: str,
+                 worker: dict, max_steps: int, kwargs: dict, writes: set[str] | None, unsandboxed: bool):
+        self.report, self.rows, self.cfg, self.env_id = report, rows, cfg, env_id
+        self.worker, self.max_steps, self.kwargs, self.writes = worker, max_steps, kwargs, writes
+        self.unsandboxed = unsandboxed
+        self.deadline = time.monotonic() + cfg.timeout_s
+        self.outputs: list[tuple[str, str]] = []
+        self.rewards: list[float] = []
+        self.hung = ""  # after a per-call timeout the rest would only time out again: it is not run
 
-def _bwrap_works(bwrap: str) -> bool:
-    if bwrap not in _BWRAP_OK:
+    def make(self, **spec_overrides: Any):
+        """A proxy of the candidate (``gym.make`` semantics: the registered wrappers included)."""
+        import gymnasium as gym
+
+        if not spec_overrides:
+            env = gym.make(self.env_id)
+        else:
+            env = gym.make(self.env_id, trace_worker={**self.worker, **spec_overrides})
+        if self.writes is not None:
+            env.unwrapped.trusted_write_tools = set(self.writes)
+        return env
+
+    def run(self, name: str, fn: Callable[[], str]) -> bool:
+        """Run one check, watching every worker it starts: a worker failure fails the check."""
+        from trace_envs.core.sandboxed import WorkerError, collect_output
+
+        row = self.rows[name]
+        if self.hung:
+            row.reason = f"not run: the env hung in an earlier check ({self.hung})"
+            return False
+        if time.monotonic() > self.deadline:
+            row.status, row.reason = "failed", (f"not reached: the dynamic checks exceeded their time limit of "
+                                                f"{self.cfg.timeout_s:.0f} s")
+            return False
+        t0 = time.perf_counter()
+        errors: list[str] = []
         try:
-            ok = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
-                                 "--unshare-pid", "true"], capture_output=True, timeout=20).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        _BWRAP_OK[bwrap] = ok
-    return _BWRAP_OK[bwrap]
-
-
-def _command(kind: str, stage: Path) -> list[str]:
-    py = [sys.executable, str(WORKER)]
-    if kind == "none":
-        return py
-    # /run is replaced by an empty tmpfs: a read-only bind does not stop connecting to a Unix socket
-    # there (the Docker daemon's, D-Bus), and --unshare-net does not cover filesystem sockets.
-    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run",
-            *rebind_hidden(_CODE_ROOTS), "--ro-bind", str(stage), str(stage), "--chdir", str(stage),
-            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--new-session", "--die-with-parent", *py]
-
-
-def _limits(memory_mb: int):
-    def apply() -> None:
-        limit = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
-class _Worker:
-    """One worker process: started with a job, read line by line with deadlines, always killed at the end."""
-
-    def __init__(self, job: dict, kind: str, stage: Path, cfg: AdmissionConfig, hash_seed: int):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TRACE_REGISTRY", "PYTHONPATH"))}
-        env.update({"PYTHONHASHSEED": str(hash_seed), "PYTHONPATH": os.pathsep.join(_CODE_ROOTS),
-                    "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-                    "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRACE_REGISTRY": ""})
-        # TRACE_CACHE is kept: the worker reads the user's caches (e.g. SWE repositories, fetched
-        # beforehand by the trusted process, since the sandbox has no network); under bubblewrap
-        # they are read-only.
-        self.nonce = job["nonce"]
-        self.proc = subprocess.Popen(_command(kind, stage), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, cwd=str(stage), env=env, text=True,
-                                     preexec_fn=_limits(cfg.memory_mb), start_new_session=True)
-        self.lines: queue.Queue = queue.Queue()
-        self.tail: list[str] = []
-        self.proc.stdin.write(json.dumps(job))
-        self.proc.stdin.close()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def events(self, deadline: float, import_deadline: float):
-        """Yield events until the process ends; yields ``{"event": "timeout", ...}`` when a deadline passes."""
-        importing = True
-        while True:
-            limit = import_deadline if importing else deadline
-            try:
-                line = self.lines.get(timeout=max(0.0, limit - time.monotonic()))
-            except queue.Empty:
-                yield {"event": "timeout", "importing": importing}
-                return
-            if line is None:
-                return
-            if line.startswith(self.nonce + " "):
+            with collect_output() as events:
                 try:
-                    event = json.loads(line[len(self.nonce) + 1:])
-                except ValueError:
-                    continue
-                if event.get("event") == "result" and event.get("check") == "import":
-                    importing = False
-                yield event
-            else:
-                self.tail = (self.tail + [line.rstrip("\n")])[-40:]
+                    figure = fn() or ""
+                    row.status, row.figure = "passed", figure
+                except CheckFailed as exc:
+                    row.status, row.figure, row.reason = "failed", exc.figure, str(exc)
+                except WorkerError as exc:
+                    row.status, row.reason = "failed", f"the env's worker failed: {exc}"
+                except Exception as exc:  # a check's own crash on what the worker sent: the candidate's fault
+                    row.status, row.reason = "failed", (f"raised {type(exc).__name__}: {exc}\n"
+                                                        f"{traceback.format_exc(limit=-6)}")
+            for env_id, output, error in events:
+                if output.strip():
+                    self.outputs.append((name, output))
+                if error:
+                    errors.append(error)
+        finally:
+            row.seconds = time.perf_counter() - t0
+        if errors and row.status == "passed":
+            row.status = "failed"
+        timeouts = [e for e in errors if "timed out" in e] + (["timed out"] if "timed out after" in row.reason else [])
+        if timeouts and name != "import":
+            self.hung = name
+        if errors and not row.reason.startswith("the env's worker failed"):
+            # the check's own text adds nothing when it only reports the same worker failure
+            own = f" | the check: {row.reason}" if row.reason and "WorkerError" not in row.reason else ""
+            row.reason = f"the env's worker failed: {errors[0]}{own}"
+        return row.status == "passed"
 
-    def kill(self) -> int | None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def episode(self, env, agent, seed: int) -> dict:
+        """One episode played here against the proxy, every step's reward checked."""
+        obs, info = env.reset(seed=seed)
+        if info.get("termination") == "env_error":
+            raise CheckFailed(f"reset failed on seed {seed}: {info.get('env_error')}")
+        if hasattr(agent, "reset"):
+            agent.reset(env.unwrapped, obs, info)
+        rewards = []
+        for step in range(self.max_steps + 1):
+            action = agent(obs, info)
+            obs, reward, terminated, truncated, info = env.step(action)
+            if info.get("termination") == "env_error" and env.unwrapped.worker_error:
+                raise CheckFailed(f"the env failed on seed {seed}, step {step} (agent {getattr(agent, 'name', '?')}): "
+                                  f"{env.unwrapped.worker_error}")
+            reward = float(reward)
+            if not 0.0 <= reward <= 1.0:
+                raise CheckFailed(f"reward {reward} outside [0, 1] (seed {seed}, step {step}, agent "
+                                  f"{getattr(agent, 'name', '?')})", figure=str(reward))
+            rewards.append(reward)
+            if terminated or truncated:
+                break
+        return {"reward": sum(rewards), "success": bool(info.get("success")), "steps": len(rewards)}
+
+
+def _digest(env, seed: int) -> str:
+    """What must not change across processes: the opening, the task, the tools, the oracle's episode and rewards."""
+    from trace_envs.agents import OracleAgent
+
+    obs, info = env.reset(seed=seed)
+    parts = [obs, env.unwrapped.task_fingerprint(), json.dumps(info.get("tools", []), sort_keys=True)]
+    agent = OracleAgent()
+    agent.reset(env.unwrapped, obs, info)
+    rewards = []
+    for _ in range(env.spec.max_episode_steps or 50):
+        obs, reward, terminated, truncated, info = env.step(agent(obs, info))
+        rewards.append(float(reward))
+        if terminated or truncated:
+            break
+    parts.append(json.dumps(info.get("messages", []), sort_keys=True, default=str))
+    parts.append(json.dumps(rewards))
+    return hashlib.sha256("\x1e".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _draw_seeds(rng: random.Random, n: int) -> list[int]:
+    """``n`` distinct seeds: one small, the rest from the whole range."""
+    seeds = [rng.randrange(1000)]
+    while len(seeds) < n:
+        s = rng.randrange(SEED_RANGE)
+        if s not in seeds:
+            seeds.append(s)
+    return seeds[:n]
+
+
+def _dynamic(report: AdmissionReport, source: str, registration: dict, capability: str, target_env: str,
+             work_dir: Path, spec_schemas: list[dict] | None, cfg: AdmissionConfig) -> None:
+    import gymnasium as gym
+
+    from trace_envs.core.registry import SANDBOX_ENTRY_POINT
+    from trace_envs.core.sandboxed import SandboxLimits, WorkerSpec, bwrap_status, faketime_library, \
+        unsandboxed_requested
+
+    names = dynamic_rows()
+    rows = {n: CheckRow(n, "dynamic", "not run") for n in names}
+    report.rows += list(rows.values())
+    ok, why = bwrap_status()
+    if cfg.sandbox == "none" or (not ok and cfg.sandbox == "auto" and unsandboxed_requested()):
+        unsandboxed = True
+        report.sandbox = "plain subprocess (explicitly unsandboxed: no file-system or network isolation)"
+        warn = ("admission ran the module WITHOUT a sandbox (sandbox='none' / --unsandboxed): a plain subprocess "
+                "with a scrubbed environment, limits and timeouts, but network NOT isolated"
+                + ("" if ok else f"; {why}"))
+        report.warnings.append(warn)
+        warnings.warn(warn, RuntimeWarning, stacklevel=3)
+    elif not ok:
+        report.sandbox = f"not started: {why}"
+        for row in rows.values():
+            row.reason = (f"{why}. Generated code runs only sandboxed; to admit without a sandbox anyway pass "
+                          "--unsandboxed (or set TRACE_UNSANDBOXED=1)")
+        rows["import"].status = "failed"
+        return
+    else:
+        unsandboxed = False
+        report.sandbox = SANDBOX_NOTE
+    stage = work_dir.resolve() / "sandbox"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    module_name = "trace_candidate_" + registration["id"].split("/", 1)[1].replace("-", "_")
+    module_file = stage / f"{module_name}.py"
+    module_file.write_text(source, encoding="utf-8")
+    try:
+        schemas, writes = _target(target_env, spec_schemas)
+    except (KeyError, ValueError) as exc:
+        rows["tool schemas identical to the target's"].status = "failed"
+        rows["tool schemas identical to the target's"].reason = f"no target tool schemas: {exc}"
+        return
+    draw = cfg.seed_draw if cfg.seed_draw is not None else secrets.randbits(32)
+    rng = random.Random(draw)
+    conformance_seeds = _draw_seeds(rng, cfg.n_seeds)
+    digest_seeds = _draw_seeds(rng, cfg.digest_seeds)
+    # The probes' and the calibration's figures are statistics with bounds: fixed seeds keep them reproducible.
+    probe_seeds = list(range(500, 500 + cfg.probe_seeds))
+    report.warnings += [] if faketime_library() else [
+        "libfaketime is not installed (Debian package `faketime`): the cross-process determinism check could not "
+        "shift the worker's clock, so a task that reads today's date is caught only across a date change"]
+    limits = SandboxLimits(memory_mb=cfg.memory_mb, start_timeout_s=cfg.import_timeout_s,
+                           call_timeout_s=cfg.call_timeout_s)
+    spec = WorkerSpec(env_id=registration["id"], module=module_name, cls=registration["class"],
+                      module_root=str(stage), bind=str(module_file), hash_seed=1, limits=limits)
+    worker = {**spec.to_dict(), "strict": True}  # a worker failure stops the check that met it
+    if unsandboxed:
+        worker["sandbox"] = "none"
+    env_id = registration["id"]
+    kwargs = dict(registration.get("kwargs") or {})
+    max_steps = int(registration["max_episode_steps"])
+    gym.register(id=env_id, entry_point=SANDBOX_ENTRY_POINT, max_episode_steps=max_steps,
+                 kwargs={"trace_worker": worker, **kwargs}, disable_env_checker=False)
+    session = _Session(report, rows, cfg, env_id, worker, max_steps, kwargs, writes, unsandboxed)
+    report.seeds = {"draw": draw, "conformance": conformance_seeds, "digests": digest_seeds, "probes": probe_seeds}
+    try:
+        _checks(session, schemas, registration, capability, conformance_seeds, digest_seeds, probe_seeds)
+    finally:
+        gym.registry.pop(env_id, None)
+        report.output_tail = _untrusted(session.outputs)
+
+
+def _untrusted(outputs: list[tuple[str, str]]) -> str:
+    """The module's printed output, cut and labelled: it is the candidate's text, not the admission's."""
+    if not outputs:
+        return ""
+    parts = [f"--- during {check} ---\n{text[-1500:]}" for check, text in outputs[-4:]]
+    return "[UNTRUSTED: printed by the candidate module; not a result]\n" + "\n".join(parts)[-6000:]
+
+
+def _checks(session: _Session, schemas: list[dict], registration: dict, capability: str,
+            conformance_seeds: list[int], digest_seeds: list[int], probe_seeds: list[int]) -> None:
+    from trace_envs.core.checker import CHECKS, check_trace_env
+    from trace_envs.core.sandboxed import WorkerError
+
+    cfg, rows = session.cfg, session.rows
+    target = {t["function"]["name"]: t for t in schemas}
+    answer = set(registration.get("answer_tools") or [])
+    found: dict[str, dict] = {}
+
+    def check_import() -> str:
         try:
-            return self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a kernel that does not reap
-            return None
+            env = session.make()
+        except WorkerError as exc:
+            text = str(exc)
+            if "timed out" in text:
+                raise CheckFailed(f"timed out after {cfg.import_timeout_s:.0f} s while importing the module "
+                                  f"(an endless loop?): {text.splitlines()[0]}") from None
+            if "MemoryError" in text or "memory" in text:
+                raise CheckFailed(f"the module exceeded the memory limit of {cfg.memory_mb} MB while importing: "
+                                  f"{text.splitlines()[0]}") from None
+            raise CheckFailed(f"the module failed to import or build: {text}") from None
+        env.close()
+        return ""
 
+    if not session.run("import", check_import):
+        return
 
-def _died(code: int | None, memory_mb: int) -> str:
-    if code is not None and code < 0:
-        sig = signal.Signals(-code).name
-        hint = f" (likely past the memory limit of {memory_mb} MB)" if -code in (signal.SIGKILL, signal.SIGSEGV,
-                                                                                   signal.SIGABRT) else ""
-        return f"the worker process died of {sig}{hint}"
-    return f"the worker process exited with status {code} before finishing"
+    def check_schemas() -> str:
+        env = session.make()
+        try:
+            for seed in conformance_seeds[:3]:  # tools may depend on the task; look at a few
+                _, info = env.reset(seed=seed)
+                for t in info.get("tools", []):
+                    found.setdefault(t["function"]["name"], t)
+        finally:
+            env.close()
+        changed = sorted(n for n in found if n in target and found[n] != target[n])
+        clash = sorted(answer & set(target))
+        if clash:
+            raise CheckFailed(f"answer tools {clash} are target tools; only new submit_* tools may be declared")
+        if changed:
+            raise CheckFailed(f"changes the schema of the target tool(s) {changed} "
+                              f"(a tool must keep the target's name, description and parameters exactly)")
+        return f"{len(found)} tools, {len(set(found) & set(target))} of the target's"
+
+    session.run("tool schemas identical to the target's", check_schemas)
+
+    def check_no_extra() -> str:
+        extra = sorted(n for n in found if n not in target and n not in answer)
+        if extra:
+            raise CheckFailed(f"adds tool(s) {extra} that the target lacks "
+                              f"(declare a final-answer tool as REGISTRATION['answer_tools'] = ['submit_...'])")
+        return "none"
+
+    session.run("no tool the target lacks", check_no_extra)
+
+    for (name, _), row in zip(CHECKS, CONFORMANCE_ROWS):
+        def conformance(name=name) -> str:
+            result = check_trace_env(session.env_id, seeds=conformance_seeds, only=[name]).results[0]
+            if not result.ok:
+                raise CheckFailed(result.detail.strip())
+            return result.detail
+
+        session.run(row, conformance)
+
+    def check_processes() -> str:
+        # Two workers that differ in PYTHONHASHSEED, the date and the global random state.
+        a = session.make(hash_seed=1, clock_shift_days=0, random_seed=0)
+        b = session.make(hash_seed=2, clock_shift_days=400, random_seed=12345)
+        try:
+            da = [_digest(a, s) for s in digest_seeds]
+            db = [_digest(b, s) for s in digest_seeds]
+        finally:
+            a.close()
+            b.close()
+        diff = [s for s, x, y in zip(digest_seeds, da, db) if x != y]
+        if diff:
+            raise CheckFailed(f"nondeterministic task: seeds {diff} give different tasks, oracle transcripts or "
+                              "rewards in two processes (hash() of strings, the date or clock, the global random "
+                              "state, set order?)")
+        return f"{len(da)} seeds identical"
+
+    session.run("determinism across two processes", check_processes)
+
+    def check_twice() -> str:
+        env = session.make()
+        try:
+            diff = [s for s in digest_seeds[:2] if _digest(env, s) != _digest(env, s)]
+        finally:
+            env.close()
+        if diff:
+            raise CheckFailed(f"the same seed reset twice on one instance gives another task or reward (seeds {diff}): "
+                              "state carried over from an earlier episode")
+        return f"{min(2, len(digest_seeds))} seeds, reset twice"
+
+    session.run("same seed twice on one instance", check_twice)
+
+    from .probes import PROBE_SUCCESS_BOUND, probe_agents
+
+    for agent in probe_agents(probe_seeds[0]):
+        def probe(agent=agent) -> str:
+            env = session.make()
+            try:
+                eps = [session.episode(env, agent, s) for s in probe_seeds]
+            finally:
+                env.close()
+            rewards = [e["reward"] for e in eps]
+            session.rewards.extend(rewards)
+            bound = cfg.probe_bound
+            success_bound = min(bound, PROBE_SUCCESS_BOUND)
+            mean = sum(rewards) / len(rewards)
+            success = sum(e["success"] for e in eps) / len(eps)
+            figure = f"mean {mean:.3f} (bound {bound}), success {success:.2f} (bound {success_bound})"
+            if mean > bound or success > success_bound:
+                raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} (bound {bound}) and succeeds on "
+                                  f"{success:.0%} of {len(probe_seeds)} seeds: the reward pays for behaviour that "
+                                  "does not use the capability", figure=figure)
+            return figure
+
+        session.run(f"probe: {agent.name.split(':', 1)[1]}", probe)
+
+    def calibration() -> str:
+        from trace_envs.calibration import Group, summarize_groups
+
+        from .probes import MixtureAgent
+
+        env = session.make()
+        groups = []
+        try:
+            if cfg.calibration_agent:
+                from trace_envs.calibration import make_seeded_agent
+
+                members = [make_seeded_agent(cfg.calibration_agent, j) for j in range(cfg.calibration_group_size)]
+            else:
+                members = [MixtureAgent(capability, deficit=cfg.calibration_deficit, random=cfg.calibration_random,
+                                        seed=j) for j in range(cfg.calibration_group_size)]
+            for g in range(cfg.calibration_groups):
+                seed = cfg.calibration_seed_offset + g
+                eps = [session.episode(env, m, seed) for m in members]
+                session.rewards.extend(e["reward"] for e in eps)
+                groups.append(Group(seed, [e["reward"] for e in eps], [e["success"] for e in eps]))
+        finally:
+            env.close()
+        name = getattr(members[0], "name", type(members[0]).__name__)
+        summary = summarize_groups(groups, env_id=session.env_id, agent=name)
+        figure = (f"mean {summary.mean_reward:.2f}, success {summary.success_rate:.2f}, all-0 {summary.all_zero:.0%}, "
+                  f"all-1 {summary.all_one:.0%}, informative {summary.informative:.0%} "
+                  f"({cfg.calibration_groups}x{cfg.calibration_group_size}, {name})")
+        out = [f"{n} {value:.2f} outside [{lo}, {hi}]" for n, value, lo, hi, ok in summary.checks() if not ok]
+        if out:
+            raise CheckFailed("calibration outside the band (FACTS.md §1): " + "; ".join(out) + " — the env is too "
+                              "easy or too hard for an agent lacking the capability", figure=figure)
+        return figure
+
+    session.run("calibration", calibration)
+
+    rng_row = rows["rewards in [0, 1]"]
+    out_of_range = [r for r in rows.values() if "outside [0, 1]" in r.reason]
+    if out_of_range:
+        rng_row.status, rng_row.reason = "failed", f"reward out of range: {out_of_range[0].reason.splitlines()[0]}"
+    elif session.rewards and rows["conformance: reward range and truncation"].passed:
+        rng_row.status = "passed"
+        rng_row.figure = (f"every step of {len(session.rewards)} probe and calibration episodes "
+                          f"(episode rewards {min(session.rewards):.2f}..{max(session.rewards):.2f})")
+    else:
+        rng_row.reason = "not established (the checks that measure it did not finish)"
 
 
 # ------------------------------------------------------------------------------------------------ admit
@@ -376,7 +665,7 @@ def admit(source: str, *, env_id: str, capability: str, target_env: str, work_di
         else:
             reg_row.status, reg_row.figure = "passed", env_id
     if not all(r.passed for r in report.rows):
-        report.rows += [CheckRow(n, "dynamic", "not run", reason="static checks failed") for n in DYNAMIC_CHECKS]
+        report.rows += [CheckRow(n, "dynamic", "not run", reason="static checks failed") for n in dynamic_rows()]
         report.sandbox = "not started (static checks failed)"
         report.seconds = time.perf_counter() - t0
         return report
@@ -391,121 +680,3 @@ def _registered_ids() -> set[str]:
     return {e.id for e in trace_envs.registered()}
 
 
-def _dynamic(report: AdmissionReport, source: str, registration: dict, capability: str, target_env: str,
-             work_dir: Path, spec_schemas: list[dict] | None, cfg: AdmissionConfig) -> None:
-    kind, warns = sandbox_kind(cfg.sandbox)
-    report.sandbox = ("bubblewrap (--unshare-net, read-only root, private /tmp)" if kind == "bwrap"
-                      else "plain subprocess (no network isolation)")
-    report.warnings += warns
-    for w in warns:
-        warnings.warn(w, RuntimeWarning, stacklevel=3)
-    stage = work_dir.resolve() / "sandbox"
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir(parents=True)
-    module_name = "trace_candidate_" + registration["id"].split("/", 1)[1].replace("-", "_")
-    (stage / f"{module_name}.py").write_text(source, encoding="utf-8")
-    rows = {n: CheckRow(n, "dynamic", "not run") for n in DYNAMIC_CHECKS}
-    report.rows += list(rows.values())
-    try:
-        schemas = target_tool_schemas(target_env, spec_schemas)
-    except (KeyError, ValueError) as exc:
-        rows["tool schemas identical to the target's"].status = "failed"
-        rows["tool schemas identical to the target's"].reason = f"no target tool schemas: {exc}"
-        return
-    job = {"module_dir": str(stage), "module_name": module_name, "class": registration["class"],
-           "env_id": registration["id"], "max_episode_steps": registration["max_episode_steps"],
-           "kwargs": registration.get("kwargs") or {}, "answer_tools": registration.get("answer_tools") or [],
-           "target_schemas": schemas, "capability": capability, "n_seeds": cfg.n_seeds,
-           "digest_seeds": list(range(cfg.digest_seeds)), "probe_seeds": list(range(500, 500 + cfg.probe_seeds)), "probe_bound": cfg.probe_bound,
-           "calibration": {"groups": cfg.calibration_groups, "group_size": cfg.calibration_group_size,
-                           "deficit": cfg.calibration_deficit, "random": cfg.calibration_random,
-                           "agent": cfg.calibration_agent, "seed_offset": cfg.calibration_seed_offset}}
-    start = time.monotonic()
-    deadline, import_deadline = start + cfg.timeout_s, start + cfg.import_timeout_s
-    full = _Worker(dict(job, mode="full", nonce=secrets.token_hex(8)), kind, stage, cfg, hash_seed=1)
-    second = _Worker(dict(job, mode="digest", nonce=secrets.token_hex(8)), kind, stage, cfg, hash_seed=2)
-    digests: dict[str, Any] = {}
-    current = None
-    try:
-        timed_out = False
-        for event in full.events(deadline, import_deadline):
-            if event["event"] == "start":
-                current = event["check"]
-            elif event["event"] == "result":
-                current = None
-                _record(rows, event)
-            elif event["event"] == "digest":
-                digests["full"] = event.get("digests")
-            elif event["event"] == "rewards":
-                digests["rewards"] = event
-            elif event["event"] == "timeout":
-                timed_out = True
-                which = "importing the module" if event["importing"] else f"check {current!r}"
-                limit = cfg.import_timeout_s if event["importing"] else cfg.timeout_s
-                row = rows.get(_row_name(current)) if current else rows["import"]
-                if row is None or row.status != "not run":
-                    row = rows["import"] if event["importing"] else rows["calibration"]
-                row.status, row.reason = "failed", f"timed out after {limit:.0f} s while {which} (an endless loop?)"
-        code = full.kill()
-        if not timed_out and (current is not None or rows["import"].status == "not run"):
-            # the process ended in the middle of a check: a crash, the kernel's OOM killer, os._exit, ...
-            row = rows.get(_row_name(current) or "import") or rows["import"]
-            row.status, row.reason = "failed", _died(code, cfg.memory_mb) + (f" during {current!r}" if current else "")
-        if not rows["import"].passed:
-            second.kill()  # nothing to compare with; do not wait for a second hang
-        for event in second.events(max(deadline, time.monotonic() + 30), time.monotonic() + cfg.import_timeout_s):
-            if event["event"] == "digest":
-                digests["second"] = event.get("digests")
-                digests["error"] = event.get("error")
-    finally:
-        full.kill()
-        second.kill()
-    report.output_tail = "\n".join(full.tail[-20:])
-    row = rows["determinism across two processes"]
-    if rows["import"].passed:
-        a, b = digests.get("full"), digests.get("second")
-        if a is None or b is None:
-            row.status, row.reason = "failed", ("could not compute task digests" +
-                                                (f": {digests['error']}" if digests.get("error") else ""))
-        elif a != b:
-            diff = [s for s, (x, y) in enumerate(zip(a, b)) if x != y]
-            row.status, row.reason = "failed", (f"nondeterministic task: seeds {diff} give different tasks or oracle "
-                                                "transcripts in two processes (global random, the clock, hash() "
-                                                "of strings or set order?)")
-        else:
-            row.status, row.figure = "passed", f"{len(a)} seeds identical"
-    rng_row = rows["rewards in [0, 1]"]
-    out_of_range = [r for r in rows.values() if "outside [0, 1]" in r.reason]
-    if out_of_range:
-        rng_row.status, rng_row.reason = "failed", f"reward out of range: {out_of_range[0].reason.splitlines()[0]}"
-    elif digests.get("rewards") and rows["conformance: reward range and truncation"].passed:
-        seen = digests["rewards"]
-        rng_row.status = "passed"
-        rng_row.figure = (f"every step of {seen['count']} probe and calibration episodes "
-                          f"(episode rewards {seen['low']:.2f}..{seen['high']:.2f})")
-    else:
-        rng_row.reason = "not established (the checks that measure it did not finish)"
-
-
-def _row_name(check: str | None) -> str | None:
-    if check in ("tool schemas",):
-        return "tool schemas identical to the target's"
-    if check == "task digests (this process)":
-        return "determinism across two processes"
-    return check
-
-
-def _record(rows: dict[str, CheckRow], event: dict) -> None:
-    name = _row_name(event["check"])
-    row = rows.get(name)
-    if row is None:
-        return
-    if event["check"] == "task digests (this process)" and event["passed"]:
-        return  # the cross-process row is decided once both digests are in
-    if row.status == "failed" and not event["passed"]:
-        return  # keep the first reason
-    if event["check"] == "tool schemas" and event["passed"]:
-        return
-    row.status = "passed" if event["passed"] else "failed"
-    row.figure, row.reason, row.seconds = event.get("figure", ""), event.get("reason", ""), event.get("seconds", 0.0)

@@ -5,9 +5,15 @@ library's pure modules, numpy, gymnasium, faker and ``trace_envs``. Everything t
 machine (files, processes, network, foreign memory) or the interpreter's internals (``eval``,
 dynamic imports, dunder attributes that lead to ``__builtins__``) is refused with the line it is on.
 
-These checks are one layer: the dynamic checks run the module in a separate process without
-network, with a memory limit and a timeout (bubblewrap where present), so what slips past a rule
-here still cannot reach the user's machine.
+These checks are a fast first filter with clear messages, **not the security boundary**: a static
+check of Python cannot be one (an attribute can always be reached some other way). The boundary is
+the sandbox: the module only ever runs in a bubblewrap worker (:mod:`trace_envs.core.sandboxed`), at
+admission and at every later use, and admission's verdicts are computed outside it. What this filter
+catches early is what a well-meaning generator should not write and what an attacker tries first:
+aliases of ``eval``/``exec``, ``operator.attrgetter``, computed or private ``getattr`` on modules,
+``numpy.ctypeslib``/``DataSource``/``memmap``/``save``, ``setsid``, frame walks, writing-mode
+``open`` (also through ``**{'mode': 'w'}`` or ``Path.open('w')``), patching or re-registering what
+another module defines (``gymnasium.make = ...``, ``register(...)``).
 
 A generated module also carries its registration as a literal dict::
 
@@ -22,6 +28,7 @@ called ``submit_*``, e.g. ``submit_location``); every other tool must be one of 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 #: Top-level modules a generated env may import.
@@ -60,7 +67,25 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     "os", "sys", "subprocess", "socket", "ctypes", "builtins", "importlib", "shutil", "system", "popen", "Popen",
     "fork", "forkpty", "spawnv", "spawnl", "execv", "execve", "execl", "kill", "remove", "unlink", "rmdir",
     "rmtree", "write_text", "write_bytes", "_exit", "exec_module", "load_module", "import_module", "dlopen",
+    # processes and foreign code through allowed packages (numpy, gymnasium)
+    "setsid", "setpgid", "setpgrp", "daemon", "ctypeslib", "distutils", "exec_command", "load_env_creator",
+    "AsyncVectorEnv", "vector", "f2py",
+    # files and the network through allowed packages
+    "DataSource", "memmap", "open_memmap", "save", "savez", "savez_compressed", "savetxt", "tofile", "FileHandler",
+    "cli", "tempfile", "pathlib", "io", "inspect", "logging", "pickle", "marshal", "threading", "multiprocessing",
+    "urllib", "http", "gc",
+    # reaching code by name, frames, the interpreter
+    "attrgetter", "methodcaller", "currentframe", "_getframe", "f_back", "f_globals", "f_locals", "f_builtins",
+    "f_code", "gi_frame", "cr_frame", "ag_frame", "tb_frame", "tb_next",
+    # the registries and constructors of the process that imports the env
+    "make", "register", "registry", "load_registry", "register_entries", "register_agent", "load_default_registries",
 })
+#: Top-level modules' submodules refused although the package is allowed.
+FORBIDDEN_SUBMODULES = {"numpy.ctypeslib": "foreign memory access", "numpy.distutils": "running commands",
+                        "numpy.f2py": "running commands", "numpy.testing": "running commands",
+                        "numpy.lib.format": "file access", "numpy.lib.npyio": "file access",
+                        "gymnasium.vector": "spawning processes", "gymnasium.envs.registration": "the registry",
+                        "faker.cli": "writing files"}
 #: Dunder attributes a plain class needs; every other ``__x__`` attribute is refused (they reach the builtins).
 ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__doc__", "__post_init__", "__repr__", "__str__", "__eq__",
                              "__hash__", "__len__", "__iter__", "__contains__", "__lt__", "__le__", "__gt__",
@@ -93,15 +118,25 @@ STATIC_CHECKS = (
 )
 
 
+#: Names whose first argument may be inspected with getattr()/setattr() by a literal private name.
+_OWN = ("self", "cls")
+
+
 class _Visitor(ast.NodeVisitor):
-    def __init__(self) -> None:
+    def __init__(self, imported: set[str] | None = None) -> None:
         self.findings: list[StaticFinding] = []
+        self.imported = imported or set()  # names bound by imports: modules and what they define
 
     def add(self, check: str, node: ast.AST, reason: str) -> None:
         self.findings.append(StaticFinding(check, getattr(node, "lineno", 0), reason))
 
     def _import(self, node: ast.AST, module: str) -> None:
         top = module.split(".")[0]
+        sub = next((m for m in FORBIDDEN_SUBMODULES if module == m or module.startswith(m + ".")), None)
+        if sub is not None:
+            self.add("no process, network or foreign-memory access", node,
+                     f"imports {module} ({FORBIDDEN_SUBMODULES[sub]} is not allowed in an env)")
+            return
         project = next((m for m in FORBIDDEN_PROJECT_MODULES if module == m or module.startswith(m + ".")), None)
         if project is not None:
             self.add("no process, network or foreign-memory access", node,
@@ -142,10 +177,18 @@ class _Visitor(ast.NodeVisitor):
                 self._check_open(node)
             elif fn.id in ("getattr", "setattr", "delattr", "hasattr"):
                 name = node.args[1] if len(node.args) > 1 else None
+                target = node.args[0] if node.args else None
+                own = isinstance(target, ast.Name) and target.id in _OWN
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                     self.add("no dunder escapes", node, f"{fn.id}() with a computed attribute name")
                 elif name.value.startswith("__") or name.value in FORBIDDEN_ATTRIBUTES:
                     self.add("no dunder escapes", node, f"{fn.id}() of the attribute {name.value!r}")
+                elif name.value.startswith("_") and not own:
+                    self.add("no dunder escapes", node, f"{fn.id}() of the private attribute {name.value!r} of "
+                                                        "something other than self")
+                elif fn.id in ("setattr", "delattr") and not own:
+                    self.add("no dunder escapes", node, f"{fn.id}() on something other than self (patching "
+                                                        "another module or class is not allowed)")
         elif isinstance(fn, ast.Attribute) and fn.attr in ("open", "write_text", "write_bytes") \
                 and not (isinstance(fn.value, ast.Name) and fn.value.id in ("self",)):
             if fn.attr == "open":
@@ -153,7 +196,21 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _check_open(self, node: ast.Call) -> None:
-        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+            self.add("no file writes", node, "open() with computed arguments (**kwargs or *args: the mode cannot be "
+                                             "read)")
+            return
+        mode = next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if mode is None and isinstance(node.func, ast.Name):  # open(file, mode)
+            mode = node.args[1] if len(node.args) > 1 else None
+        elif mode is None:  # Path.open(mode) takes the mode first, io/gzip.open(file, mode) second
+            for arg in node.args[:2]:
+                if not isinstance(arg, ast.Constant):
+                    mode = arg  # computed: refused below
+                    break
+                if isinstance(arg.value, str) and re.fullmatch(r"[rwxabtU+]{1,4}", arg.value):
+                    mode = arg
+                    break
         if mode is None:
             return
         if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)):
@@ -163,17 +220,39 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name = node.attr
+        base = node.value.id if isinstance(node.value, ast.Name) else None
+        root = node.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        root = root.id if isinstance(root, ast.Name) else None
         if name.startswith("__") and name.endswith("__") and name not in ALLOWED_DUNDERS:
             self.add("no dunder escapes", node, f"the dunder attribute {name}")
         elif name in FORBIDDEN_ATTRIBUTES:
             self.add("no process, network or foreign-memory access", node, f"the attribute .{name}")
+        elif name.startswith("_") and base in self.imported:
+            self.add("no dunder escapes", node, f"the private attribute {base}.{name} of an imported module or class")
+        elif isinstance(node.ctx, (ast.Store, ast.Del)) and root in self.imported:
+            self.add("no dunder escapes", node, f"assigns {ast.unparse(node)}: patching an imported module or class "
+                                                "is not allowed (subclass it instead)")
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
         if node.id.startswith("__") and node.id.endswith("__") and node.id not in ALLOWED_DUNDERS \
                 and node.id not in FORBIDDEN_CALLS:
             self.add("no dunder escapes", node, f"the name {node.id}")
+        elif node.id in FORBIDDEN_CALLS and not self._called(node):
+            # e = eval; f = exec: an alias is the same dynamic code
+            self.add("no dynamic code", node, f"refers to {node.id} ({FORBIDDEN_CALLS[node.id]}) without calling it "
+                                              "(an alias?)")
         self.generic_visit(node)
+
+    def _called(self, node: ast.Name) -> bool:
+        return id(node) in self.callees
+
+    def visit(self, node: ast.AST):  # noqa: D102 - records every call's callee name first
+        if not hasattr(self, "callees"):
+            self.callees = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+        return super().visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and any(s in node.value for s in ("__builtins__", "__subclasses__",
@@ -225,7 +304,12 @@ def static_check(source: str) -> tuple[dict[str, list[StaticFinding]], dict | No
     except SyntaxError as exc:
         out["source parses"].append(StaticFinding("source parses", exc.lineno or 0, f"syntax error: {exc.msg}"))
         return out, None
-    visitor = _Visitor()
+    imported: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            for alias in n.names:
+                imported.add((alias.asname or alias.name).split(".")[0])
+    visitor = _Visitor(imported)
     visitor.visit(tree)
     for f in visitor.findings:
         out[f.check].append(f)

@@ -16,7 +16,7 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 # Headless Chromium opens `trace run`'s report.html in tests/test_report_html.py.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # sandbox of the generator's admission checks
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the sandbox of generated envs (also scripts/setup_sandbox.sh)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup_docker: installing ${need[*]}"
   $SUDO apt-get update -qq

@@ -1,10 +1,13 @@
 """Admission of generated env modules: the bad-module corpus is rejected, each for its own defect.
 
 Every module in ``tests/bad_modules/`` is the built-in precondition env plus one defect, and names
-the report row that must reject it (``# expect: <row> :: <words>``). Each is admitted through the
-public entry point (:func:`generators.pipeline.admit_module`) into a fresh workspace: it must be
-rejected by that row with a reason naming the defect, nothing may be registered or written outside
-the run directory, and no process may outlive the admission.
+the report row that must reject it (``# expect: <row> :: <words>``; ``any`` for whichever row meets it
+first, ``admitted`` for a module whose attack is harmless and so passes — tests/test_sandbox.py plays
+those through ``gym.make``). Each is admitted through the public entry point
+(:func:`generators.pipeline.admit_module`) into a fresh workspace: it must be rejected by that row with
+a reason naming the defect, nothing may be registered or written outside the run directory, and no
+process may outlive the admission. The judge is outside the judged: with the static filter switched
+off, a module that rewrites the checks from inside its worker is still rejected by the checks here.
 """
 
 from __future__ import annotations
@@ -48,27 +51,47 @@ def _children() -> set[int]:
 
 
 def test_the_corpus_covers_every_defect_the_issue_lists():
-    assert len(BAD) >= 14
+    assert len(BAD) >= 30
     rows = {_expect(p)[0] for p in BAD}
     assert {"id is new", "source parses", "import", "probe: empty", "probe: write_all", "rewards in [0, 1]",
             "conformance: oracle scores 1.0", "tool schemas identical to the target's",
-            "no tool the target lacks"} <= rows
+            "no tool the target lacks", "determinism across two processes", "no dynamic code", "no file writes",
+            "no dunder escapes", "no process, network or foreign-memory access", "any", "admitted"} <= rows
+    names = {p.stem for p in BAD}
+    assert {"forges_verdict_main", "forges_verdict_frames", "patches_evaluator", "wraps_gym_make",
+            "runs_libc_system", "setsid_daemon", "popen_via_load_env_creator", "reads_secrets", "writes_files_numpy",
+            "date_in_task", "raises_for_large_seeds", "slow_step", "connects_out", "eval_alias",
+            "attrgetter_os", "pays_outside_admission"} <= names
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
-def test_bad_module_is_rejected_for_its_defect(path, tmp_path):
+def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACE_TEST_SECRET", "trace-test-secret-3b9f7c")  # planted in this process's environment
     row_name, words = _expect(path)
     workspace, run = tmp_path / "ws", tmp_path / "run"
     LEAK.unlink(missing_ok=True)
     before = _children()
+    # a module expected to pass gets the default calibration (LIGHT's 4 groups are too few for its band)
+    config = AdmissionConfig(n_seeds=4, probe_seeds=6) if row_name == "admitted" else LIGHT
     result = admit_module(path.read_text(encoding="utf-8"), capability="precondition_verification",
-                          target_env="trace/tau_airline-v0", workspace=workspace, run_dir=run, config=LIGHT)
+                          target_env="trace/tau_airline-v0", workspace=workspace, run_dir=run, config=config)
     report = json.loads(result.report_json.read_text())
     rows = {r["name"]: r for r in report["checks"]}
     print(f"\n{path.stem}: {result.reason}")
+    assert not LEAK.exists() and _children() <= before
+    if row_name == "admitted":
+        assert result.admitted, result.reason
+        # what it printed is in the report, marked untrusted, and changed no verdict
+        assert report["output_tail"].startswith("[UNTRUSTED") and "LOOT" in report["output_tail"]
+        assert "root:x:0:0" not in report["output_tail"] and "trace-test-secret" not in report["output_tail"]
+        return
     assert not result.admitted and result.env_id is None and result.module is None
-    assert rows[row_name]["status"] == "failed", (row_name, rows[row_name])
-    assert words.lower() in rows[row_name]["reason"].lower(), rows[row_name]["reason"]
+    if row_name == "any":
+        failed = [r for r in report["checks"] if r["status"] == "failed"]
+        assert any(words.lower() in r["reason"].lower() for r in failed), failed
+    else:
+        assert rows[row_name]["status"] == "failed", (row_name, rows[row_name])
+        assert words.lower() in rows[row_name]["reason"].lower(), rows[row_name]["reason"]
     assert result.reason and report["admitted"] is False
     # the Markdown report has a row per check
     md = result.report_md.read_text()
@@ -110,14 +133,48 @@ class GoodEnv(PreconditionVerificationEnv):
 '''
 
 
-def test_without_bubblewrap_admission_falls_back_to_a_plain_subprocess_and_says_so(tmp_path, monkeypatch):
+def test_without_bubblewrap_admission_refuses_unless_unsandboxed_is_asked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no bwrap to be found
-    with pytest.warns(RuntimeWarning, match="bubblewrap"):
+    monkeypatch.delenv("TRACE_UNSANDBOXED", raising=False)
+    result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
+                          workspace=tmp_path / "ws", run_dir=tmp_path / "run", config=LIGHT)
+    report = json.loads(result.report_json.read_text())
+    assert not result.admitted and "bubblewrap" in result.reason and "--unsandboxed" in result.reason
+    assert report["sandbox"].startswith("not started")
+    assert Workspace(tmp_path / "ws").ids() == []
+    # explicitly unsandboxed: the same checks, in a plain subprocess, and the report says so
+    monkeypatch.setenv("TRACE_UNSANDBOXED", "1")
+    with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
         result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
-                              workspace=tmp_path / "ws", run_dir=tmp_path / "run",
+                              workspace=tmp_path / "ws", run_dir=tmp_path / "run2",
                               config=AdmissionConfig(n_seeds=4, probe_seeds=6))  # the default calibration
     assert result.admitted, result.reason
     report = json.loads(result.report_json.read_text())
     assert report["sandbox"].startswith("plain subprocess") and "network NOT isolated" in report["warnings"][0]
-    assert "warning: bubblewrap" in result.report_md.read_text()
+    assert "WITHOUT a sandbox" in result.report_md.read_text()
     assert Workspace(tmp_path / "ws").ids() == ["gen/precondition_verification_tau_airline-v0"]
+
+
+def test_a_module_that_forges_its_verdict_from_inside_is_still_rejected(tmp_path, monkeypatch):
+    """With the static filter off (as if it had missed the module), the module runs and rewrites the checks
+    and bounds of every module it can reach in its worker; the verdicts are computed here, so the refusal
+    it pays for is still caught, and this process's checks are untouched."""
+    from generators import admit as admit_module_mod, probes
+    from generators.static import STATIC_CHECKS, static_check as real_static_check
+    from trace_envs.core import checker
+
+    def no_filter(source):
+        findings, registration = real_static_check(source)
+        return {name: [] for name, _ in STATIC_CHECKS}, registration
+
+    monkeypatch.setattr(admit_module_mod, "static_check", no_filter)
+    bounds, checks = dict(probes.PROBE_BOUNDS), list(checker.CHECKS)
+    source = (CORPUS / "forges_verdict_main.py").read_text(encoding="utf-8")
+    result = admit_module(source, capability="precondition_verification", target_env="trace/tau_airline-v0",
+                          workspace=tmp_path / "ws", run_dir=tmp_path / "run", config=LIGHT)
+    report = json.loads(result.report_json.read_text())
+    rows = {r["name"]: r for r in report["checks"]}
+    assert not result.admitted
+    assert rows["probe: refuse"]["status"] == "failed" and "probe:refuse earns" in rows["probe: refuse"]["reason"]
+    assert rows["import"]["status"] == "passed"  # it did run, and did its forging in its worker
+    assert probes.PROBE_BOUNDS == bounds and checker.CHECKS == checks

@@ -103,6 +103,11 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"trace {_version()}")
+    parser.add_argument("--unsandboxed", action="store_true",
+                        help="let generated envs run without bubblewrap (a plain subprocess that can read your files "
+                             "and reach the network; accepted anywhere on the command line; same as "
+                             "TRACE_UNSANDBOXED=1). Without it, a generated env refuses to run where bubblewrap is "
+                             "missing")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
     #: verb -> why it cannot run (its module's optional dependency is missing)
     parser.unavailable = {}
@@ -126,7 +131,9 @@ def _is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, CommandError):
         return True
     registry = sys.modules.get("trace_envs.core.registry")  # only if trace_envs was imported at all
-    return registry is not None and isinstance(exc, registry.RegistryError)
+    sandboxed = sys.modules.get("trace_envs.core.sandboxed")
+    return (registry is not None and isinstance(exc, registry.RegistryError)) or \
+        (sandboxed is not None and isinstance(exc, sandboxed.SandboxUnavailable))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,6 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--unsandboxed" in argv:
+        # Global, wherever it is written: every generated env this run makes may start without bubblewrap.
+        import os
+
+        argv = [a for a in argv if a != "--unsandboxed"]
+        os.environ["TRACE_UNSANDBOXED"] = "1"
+        print("trace: warning: --unsandboxed: generated envs may run without a sandbox (your files and the network "
+              "are within their reach)", file=sys.stderr)
     verb = next((a for a in argv if not a.startswith("-")), None)
     if verb in parser.unavailable:
         print(f"trace: error: {parser.unavailable[verb]}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """What a bubblewrap sandbox with a private ``/tmp`` must still show of the real one.
 
-Both of TRACE's bubblewrap sandboxes — the admission worker of generated env modules
-(``generators/admit.py``) and the SWE target's local sandbox (``trace_envs/swe/sandbox.py``) — give the
-untrusted code an empty ``/tmp`` (and the admission worker an empty ``/run``). A checkout, a virtual
+The SWE target's local bubblewrap sandbox (``trace_envs/swe/sandbox.py``) gives the untrusted code an
+empty ``/tmp``. (The worker of generated envs, ``trace_envs/core/sandboxed.py``, binds only what it
+needs instead, under its own empty ``/tmp``.) A checkout, a virtual
 environment or ``TRACE_CACHE`` may well live there (a CI runner's clone, a pytest temporary directory),
 and an empty ``/tmp`` would then hide the interpreter and the very packages the sandboxed process
 imports. :func:`rebind_hidden` gives those paths back, read-only, and nothing else of the real ``/tmp``.

@@ -277,7 +277,7 @@ SANDBOXED_SEEDS = 4
 
 
 def check_trace_env(env_id: str, *, n_seeds: int | None = None, env_kwargs: dict | None = None,
-                    only: list[str] | None = None) -> CheckReport:
+                    only: list[str] | None = None, seeds: list[int] | None = None) -> CheckReport:
     """Run every conformance check on ``env_id`` and return a report (``report.raise_if_failed()``).
 
     Args:
@@ -286,17 +286,18 @@ def check_trace_env(env_id: str, *, n_seeds: int | None = None, env_kwargs: dict
             environments whose registry entry requires docker).
         env_kwargs: extra keyword arguments for ``gym.make``.
         only: run only the checks with these names.
+        seeds: check these seeds instead of ``range(n_seeds)`` (admission draws them from the whole range).
     """
     import trace_envs  # noqa: F401 - registers the ids
     from .registry import get_entry
 
-    if n_seeds is None:
+    if n_seeds is None and not seeds:
         try:
             sandboxed = "docker" in get_entry(env_id).requires
         except KeyError:
             sandboxed = False
         n_seeds = SANDBOXED_SEEDS if sandboxed else DEFAULT_SEEDS
-    seeds = list(range(n_seeds))
+    seeds = list(seeds) if seeds else list(range(n_seeds))
     report = CheckReport(env_id)
     for name, fn in CHECKS:
         if only and name not in only:

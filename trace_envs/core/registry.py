@@ -7,6 +7,11 @@ Gymnasium, so ``gym.make("trace/<name>-v0")`` works. Users' own and generated
 environments live in workspace registries, never in site-packages; a
 workspace folder is put on ``sys.path`` so its modules import by name.
 
+Generated entries (``origin: generated:*``) and entries with ``sandbox: true`` are
+registered behind the sandboxed-env proxy (:mod:`trace_envs.core.sandboxed`): ``gym.make``
+returns a proxy whose module runs in a bubblewrap worker, and this process never imports
+the module (it is only located on disk). A generated entry cannot opt out.
+
 A bad entry is rejected with a :class:`RegistryError` naming the file, the
 entry and the fix. Entry points are checked cheaply at import time (the
 module must exist); ``validate_entry(..., import_entry_point=True)`` and the
@@ -30,7 +35,9 @@ from typing import Any
 ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
 KINDS = ("target", "capability")
 FIELDS = ("id", "entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs",
-          "origin", "description")
+          "origin", "description", "sandbox")
+#: The entry point that ``gym.make`` calls for a sandboxed entry (DESIGN.md, "Sandboxing").
+SANDBOX_ENTRY_POINT = "trace_envs.core.sandboxed:SandboxedEnv"
 BUILTIN_REGISTRY = Path(__file__).resolve().parent.parent / "registry.yaml"
 
 
@@ -53,12 +60,23 @@ class EnvEntry:
     kwargs: dict = field(default_factory=dict)
     origin: str = "hand-written"
     source: str = ""
+    sandbox: bool = False
 
     @property
     def module(self) -> str:
         return self.entry_point.split(":", 1)[0]
 
+    @property
+    def generated(self) -> bool:
+        return self.origin.startswith("generated")
+
     def load_class(self) -> type:
+        """The env class; for a sandboxed entry a proxy class standing in for it, whose ``hint_text`` and
+        constructor signature are the env's, read from a worker (its module is never imported here)."""
+        if self.sandbox:
+            from .sandboxed import stand_in_class
+
+            return stand_in_class(self)
         module_name, _, attr = self.entry_point.partition(":")
         return getattr(importlib.import_module(module_name), attr)
 
@@ -95,14 +113,29 @@ def validate_entry(raw: Any, source: str, index: int, import_entry_point: bool =
         raise _fail(source, index, entry_id, f"malformed entry_point {ep!r}",
                     "write it as `package.module:ClassName`")
     module_name, _, attr = ep.partition(":")
-    try:
-        found = importlib.util.find_spec(module_name) is not None
-    except (ImportError, ValueError):
-        found = False
+    origin = str(raw.get("origin", "hand-written"))
+    sandbox = raw.get("sandbox")
+    if sandbox is not None and not isinstance(sandbox, bool):
+        raise _fail(source, index, entry_id, f"sandbox must be true or false, got {sandbox!r}",
+                    "write `sandbox: true` to run the env in a sandboxed worker process")
+    if origin.startswith("generated"):
+        if sandbox is False:
+            raise _fail(source, index, entry_id, "a generated env cannot opt out of the sandbox (sandbox: false)",
+                        "remove the `sandbox` field: generated envs always run sandboxed")
+        sandbox = True
+    sandbox = bool(sandbox)
+    if sandbox:
+        # Never imported here, nor found by find_spec (which imports the parent packages): only located.
+        found = _module_file(module_name, source) is not None
+    else:
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except (ImportError, ValueError):
+            found = False
     if not found:
         raise _fail(source, index, entry_id, f"entry_point module {module_name!r} cannot be found",
                     "check the module path, or put the module next to the workspace registry.yaml")
-    if import_entry_point:
+    if import_entry_point and not sandbox:
         try:
             cls = getattr(importlib.import_module(module_name), attr)
         except Exception as exc:
@@ -125,8 +158,43 @@ def validate_entry(raw: Any, source: str, index: int, import_entry_point: bool =
         raise _fail(source, index, entry_id, "kwargs must be a mapping", "write e.g. `kwargs: {domain: airline}`")
     return EnvEntry(id=entry_id, entry_point=ep, kind=raw["kind"], description=str(raw["description"]),
                     capability=raw.get("capability"), target=raw.get("target"), max_episode_steps=steps,
-                    requires=tuple(requires), kwargs=dict(kwargs), origin=str(raw.get("origin", "hand-written")),
-                    source=source)
+                    requires=tuple(requires), kwargs=dict(kwargs), origin=origin, source=source, sandbox=sandbox)
+
+
+def _module_file(module_name: str, source: str) -> Path | None:
+    """The file of a sandboxed entry's module, without importing anything: beside the registry file that
+    names it, else (a hand-written package opting in) where the import system would find it."""
+    parts = module_name.split(".")
+    here = Path(source).parent if source else None
+    if here is not None:
+        for candidate in (here.joinpath(*parts).with_suffix(".py"), here.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+    for root in sys.path:
+        base = Path(root or ".")
+        for candidate in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def worker_spec(entry: EnvEntry, **overrides: Any):
+    """The :class:`~trace_envs.core.sandboxed.WorkerSpec` of a sandboxed entry: which module the worker
+    imports, from which folder, and which folder it may read (the module's top-level package, or the
+    module file itself)."""
+    from .sandboxed import WorkerSpec
+
+    module_name, _, attr = entry.entry_point.partition(":")
+    path = _module_file(module_name, entry.source)
+    if path is None:
+        raise RegistryError(f"{entry.source} ({entry.id}): entry_point module {module_name!r} cannot be found. "
+                            "Fix: put the module next to the workspace registry.yaml")
+    parts = module_name.split(".")
+    depth = len(parts) if path.name == "__init__.py" else len(parts) - 1
+    root = path.parents[depth] if depth < len(path.parents) else path.parent
+    bind = root / parts[0] if len(parts) > 1 or path.name == "__init__.py" else path
+    return WorkerSpec(env_id=entry.id, module=module_name, cls=attr, module_root=str(root), bind=str(bind),
+                      **overrides)
 
 
 def _cache_path(text: str) -> Path:
@@ -207,8 +275,13 @@ def register_entries(entries: list[EnvEntry]) -> None:
                 continue  # the same file loaded twice (perhaps by another spelling of its path)
             raise RegistryError(f"{entry.source} ({entry.id}): duplicate id, already registered by {previous.source}. "
                                 "Fix: rename the environment in your workspace registry")
-        gym.register(id=entry.id, entry_point=entry.entry_point, max_episode_steps=entry.max_episode_steps,
-                     kwargs=dict(entry.kwargs), disable_env_checker=False)
+        if entry.sandbox:
+            # The proxy: the module runs in a sandboxed worker, never in this process.
+            gym.register(id=entry.id, entry_point=SANDBOX_ENTRY_POINT, max_episode_steps=entry.max_episode_steps,
+                         kwargs={"trace_env_id": entry.id, **entry.kwargs}, disable_env_checker=False)
+        else:
+            gym.register(id=entry.id, entry_point=entry.entry_point, max_episode_steps=entry.max_episode_steps,
+                         kwargs=dict(entry.kwargs), disable_env_checker=False)
         _ENTRIES[entry.id] = entry
 
 

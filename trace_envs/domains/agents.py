@@ -136,6 +136,11 @@ class TauScriptedAgent:
         self._policy: _Turns | None = None
 
     def reset(self, env: Any, observation: str, info: dict) -> None:
+        remote = getattr(env, "remote_policy", None)
+        if remote is not None:
+            # A sandboxed env's hidden task lives in its worker: the same script is played there.
+            self._policy = remote("tau_scripted", {"lacks": list(self.lacks)})
+            return
         task = getattr(env, "task", None)
         if not isinstance(task, TauTask):
             raise TypeError(f"{self.name} plays τ²-style envs (env.task must be a TauTask), got {type(env).__name__}")

@@ -31,12 +31,20 @@ class _PlanAgent:
     name = "plan"
 
     def reset(self, env: Any, observation: str, info: dict) -> None:
+        remote = getattr(env, "remote_policy", None)
+        if remote is not None:
+            # A sandboxed env's repository and task live in its worker: the same agent plays there.
+            self._remote = remote("agent", {"name": self.name})
+            return
+        self._remote = None
         self._plan = iter(self.plan(env))
 
     def plan(self, env) -> list[str]:
         raise NotImplementedError
 
     def __call__(self, observation: str, info: dict) -> Any:
+        if getattr(self, "_remote", None) is not None:
+            return self._remote(observation, info)
         return next(self._plan, "I am done.")
 
 

@@ -9,7 +9,8 @@ Each spec (``specs/<capability>.json`` from ``trace diagnose``) gets an env modu
 offline generator (a template of the built-in family that matches the capability) or, with
 ``--llm``, by the generator agent. Nothing is registered before it passes admission: static checks on
 the source, then the conformance suite, determinism across processes, schema identity with the
-target, reward-hacking probes and calibration in a sandboxed process. Admitted modules go to
+target, reward-hacking probes and calibration, computed here against the module running in a
+sandboxed worker (the same proxy that every later use of the env goes through). Admitted modules go to
 ``WORKSPACE/envs/`` with their admission report beside them, and are appended to
 ``WORKSPACE/registry.yaml``; every attempt (prompt, reply, module, report) stays in ``--run-dir``.
 Exit status 0 when at least one spec was admitted, 1 when none was, 2 on bad input.
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
                    help="wall-clock limit of one module's dynamic checks in seconds (default: 300)")
     p.add_argument("--memory-mb", type=int, default=2048, help="memory limit of the admission process (MB)")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
-                   help="auto: bubblewrap when installed, else a plain subprocess with a warning")
+                   help="auto: bubblewrap, and without it refuse unless --unsandboxed is given; bwrap: bubblewrap "
+                        "required; none: explicitly unsandboxed (a plain subprocess, with a warning)")
     p.add_argument("--calibration-agent", metavar="NAME",
                    help="calibrate against this registered scripted agent (e.g. tau:noisy) instead of the "
                         "built-in stand-in (the deficit agent / random / oracle mixture)")

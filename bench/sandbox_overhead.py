@@ -1,0 +1,121 @@
+"""What running a generated env in its sandboxed worker costs: per step, and per worker start.
+
+The offline generator renders a τ² capability env (default: precondition_verification on airline)
+into a temporary workspace, which is loaded as a generated registry entry; ``gym.make`` of its id
+returns the sandboxed proxy (:mod:`trace_envs.core.sandboxed`). The same module is also built in
+this process (only the benchmark does that; a trainer never imports a generated module). Printed:
+
+* the anchor, measured in the same run: seconds per step of the in-process env (the oracle's and a
+  random agent's episodes over the same seeds, agent time excluded);
+* seconds per step through the proxy, the overhead per step (proxy − in process; goal ≤ 1 ms) and
+  the ratio proxy / in process;
+* seconds per reset both ways;
+* worker start: ``gym.make`` of the id until the env is ready (bubblewrap, the interpreter, importing
+  ``trace_envs`` and the module, building the env; goal ≤ 0.5 s), median of ``--starts``.
+
+Wall times depend on machine load (shared 2-core machines are slow); the ratio and the overhead in
+milliseconds are the figures to compare.
+
+Usage::
+
+    python bench/sandbox_overhead.py
+    python bench/sandbox_overhead.py --capability multi_step_completion --domain retail --episodes 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gymnasium as gym  # noqa: E402
+
+import trace_envs  # noqa: E402
+from generators.offline import render  # noqa: E402
+from generators.static import static_check  # noqa: E402
+from generators.workspace import Workspace  # noqa: E402
+from trace_envs import OracleAgent, RandomAgent  # noqa: E402
+from trace_envs.core.sandboxed import bwrap_status  # noqa: E402
+
+
+def episodes(env, seeds: list[int]) -> tuple[float, int, float, int]:
+    """(step seconds, steps, reset seconds, resets) of the oracle's and a random agent's episodes."""
+    step_s = reset_s = 0.0
+    steps = resets = 0
+    for seed in seeds:
+        for agent in (OracleAgent(), RandomAgent(seed)):
+            t0 = time.perf_counter()
+            obs, info = env.reset(seed=seed)
+            reset_s += time.perf_counter() - t0
+            resets += 1
+            agent.reset(env.unwrapped, obs, info)
+            done = False
+            while not done:
+                action = agent(obs, info)
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, info = env.step(action)
+                step_s += time.perf_counter() - t0
+                steps += 1
+                done = terminated or truncated
+    return step_s, steps, reset_s, resets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capability", default="precondition_verification")
+    parser.add_argument("--domain", default="airline", choices=["airline", "retail"])
+    parser.add_argument("--episodes", type=int, default=20, help="seeds (each played by the oracle and a random agent)")
+    parser.add_argument("--starts", type=int, default=7, help="worker starts to time")
+    args = parser.parse_args()
+    ok, why = bwrap_status()
+    print(f"sandbox: {'bubblewrap' if ok else 'NONE (' + why + '): timing the unsandboxed worker'}")
+    if not ok:
+        os.environ["TRACE_UNSANDBOXED"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        env_id = f"gen/{args.capability}_tau_{args.domain}-v0"
+        source = render({"name": args.capability, "target_env": f"trace/tau_{args.domain}-v0"}, env_id=env_id,
+                        run_id="bench").source
+        _, registration = static_check(source)
+        ws = Workspace(Path(tmp) / "ws")
+        module, _, _ = ws.install(source, registration, capability=args.capability,
+                                  name=f"{args.capability}_tau_{args.domain}", version=0,
+                                  target=f"tau_{args.domain}", origin="generated:bench")
+        trace_envs.load_registry(ws.root)
+        entry = trace_envs.get_entry(env_id)
+        spec = importlib.util.spec_from_file_location("_bench_in_process", module)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        local = gym.wrappers.TimeLimit(getattr(mod, registration["class"])(**entry.kwargs),
+                                       max_episode_steps=entry.max_episode_steps)
+        seeds = list(range(100, 100 + args.episodes))
+        episodes(local, seeds[:2])  # warm both (caches, lazy imports)
+        proxy = gym.make(env_id)
+        episodes(proxy, seeds[:2])
+        ls, ln, lr, lrn = episodes(local, seeds)
+        ps, pn, pr, prn = episodes(proxy, seeds)
+        proxy.close()
+        local.close()
+        starts = []
+        for _ in range(args.starts):
+            t0 = time.perf_counter()
+            env = gym.make(env_id)
+            starts.append(time.perf_counter() - t0)
+            env.close()
+    local_step, proxy_step = ls / ln, ps / pn
+    print(f"env: {env_id} ({args.episodes} seeds x oracle + random; {ln} steps)")
+    print(f"anchor  in-process step: {local_step * 1e3:8.3f} ms   reset: {lr / lrn * 1e3:8.2f} ms")
+    print(f"        proxy step:      {proxy_step * 1e3:8.3f} ms   reset: {pr / prn * 1e3:8.2f} ms")
+    print(f"overhead per step: {(proxy_step - local_step) * 1e3:.3f} ms (goal <= 1 ms); "
+          f"ratio proxy / in-process: {proxy_step / local_step:.2f}x")
+    print(f"worker start (gym.make): median {statistics.median(starts):.3f} s, min {min(starts):.3f} s, "
+          f"max {max(starts):.3f} s over {len(starts)} (goal <= 0.5 s)")
+
+
+if __name__ == "__main__":
+    main()
