@@ -32,7 +32,9 @@ from trace_train.analysis import Thresholds, diagnose
 
 pytestmark = pytest.mark.usefixtures("restore_registry")  # generated ids stay out of later tests
 
-LIGHT = AdmissionConfig(n_seeds=4, digest_seeds=3, probe_seeds=6, calibration_groups=6)
+# 16 calibration groups: with 6, the share of all-1 groups of a decision env balanced 50/50 (-v1) is 2 groups
+# away from its bound, a draw rather than a verdict.
+LIGHT = AdmissionConfig(n_seeds=4, digest_seeds=3, probe_seeds=6, calibration_groups=16)
 
 WRONG = '''Here is the environment.
 
