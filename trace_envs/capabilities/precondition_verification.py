@@ -146,10 +146,21 @@ class PreconditionVerificationEnv(CapabilityEnv):
         pools = AIRLINE_POOLS if self.domain_name == "airline" else RETAIL_POOLS
         return pools[min(difficulty, 3)]
 
+    def _generate_task(self, options: dict) -> str:
+        self._refuse = None  # v1 draws the decision once per episode (see _build_task)
+        return super()._generate_task(options)
+
     def _build_task(self, session: RequestSession, difficulty: int) -> TauTask:
         rng = self.np_random
         family = self._pool(difficulty)[int(rng.integers(len(self._pool(difficulty))))]
-        refuse = bool(rng.random() < REFUSE_SHARE[self.version])
+        if self.version == 0:
+            refuse = bool(rng.random() < REFUSE_SHARE[0])
+        else:
+            # Once per episode, kept across build attempts: an allowed request fails to build more often than
+            # a refusal, and a decision redrawn per attempt drifted to 54% refusals on airline.
+            if getattr(self, "_refuse", None) is None:
+                self._refuse = bool(rng.random() < REFUSE_SHARE[1])
+            refuse = self._refuse
         if refuse:
             r = session.request(family, refuse=True, accept=lambda q: q.forbidden_write is not None)
             if rng.random() < CLAIM_SHARE[difficulty]:
