@@ -28,6 +28,12 @@ Measured 2026-12-01 (``--bootstrap-minutes 12 --bootstrap-seeds 1500 --mix-share
 1; 23 GRPO steps in 19.4 min; greedy mean reward 0.010 → 0.328, paired gain +0.318 [+0.285, +0.350]. Success
 stayed 0: the adapter learned to end without writing, which this env pays 0.5 on must-refuse requests
 (README, *Training*). Look at ``eval_after.jsonl``'s ``reward_breakdown`` before reading a gain as a skill.
+
+Measured 2026-12-02 on ``precondition_verification-v1`` with the shipped base (``--base
+trace_train/tiny/bases/embedded-default --env trace/precondition_verification-v1 --difficulty 1 --difficulties 1
+--groups 4 --group-size 4 --train-minutes 10 --eval-seeds 200 --max-turns 10``): 56 steps, 4% informative groups;
+mean reward 0.005 → 0.003, success 0 → 0 (balanced accuracy 0.000): no free credit left, and this base is never
+right on the env (docs/train.md).
 """
 
 from __future__ import annotations
