@@ -51,16 +51,18 @@ Hooks (all optional except ``_build_task`` and ``_score``):
     ``_make_user(task)``: the simulated user (default: the domain's ``ScriptedUser``).
     ``oracle()``: default: the scripted gold path of ``self.task`` (reward 1.0 by construction of the
         task; every env's test checks it on 500 seeds).
+    ``task_info()``: the base returns the target's labels plus ``domain``, ``difficulty`` and
+        ``capability``; extend it with env-specific labels.
+    ``evidence_calls(request)``: the reads a decision on ``request`` rests on (default: its gold reads, else
+        the task's authentication reads); structured data reasoning narrows it to the described record.
 
 Versions (``version`` argument; the registry pins it per id): ``0`` is each env as first published under
 ``-v0``. ``1`` (the default, ``-v1`` ids) pays only for evidence of the skill: a decision earns credit only
 when the agent read the records it rests on first (:attr:`RequestOutcome.informed`), a refusal only when
 the agent read them and then told the customer (:attr:`RequestOutcome.refused_informed`), and no env
 pays for attempting a write, for a decision taken without its evidence or for ending politely. The
-cheapest policies that do not use the records (``generators.probes.blind_probe_agents``) score at most
+cheapest policies that do not use the records (``generators.probes.probe_agents``) score at most
 0.05 on every v1 env at every difficulty, which the tests measure over 500 seeds.
-    ``task_info()``: the base returns the target's labels plus ``domain``, ``difficulty`` and
-        ``capability``; extend it with env-specific labels.
 
 The uniform request API (added to both domains' ``tasks`` modules; additive, ``generate_task`` unchanged):
     ``trace_envs.domains.<domain>.tasks.request_session(rng, db, size=None, user_id=None, describe_prob=None)``
@@ -92,7 +94,6 @@ from typing import Any
 
 import numpy as np
 
-from ..core.conversation import tool_calls_of
 from ..core.env import Policy
 from ..core.tools import ToolSet, tool_specs
 from ..domains.base import TauEnv
