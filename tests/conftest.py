@@ -98,6 +98,17 @@ def example_id() -> str:
 # ----------------------------------------------------------------------------- capability env helpers
 
 
+def child_pids() -> set[int]:
+    """The pids of this test process's live children (every thread's): what a test compares before and after."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            out |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
 def mean_reward(env, agent, seeds) -> float:
     """Mean episode reward of ``agent`` on ``env`` over ``seeds``."""
     from trace_envs import rollout

@@ -13,11 +13,11 @@ off, a module that rewrites the checks from inside its worker is still rejected 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
+from conftest import child_pids
 
 from generators.admit import AdmissionConfig
 from generators.pipeline import admit_module
@@ -40,15 +40,6 @@ def _expect(path: Path) -> tuple[str, str]:
     return m.group(1).strip(), m.group(2).strip()
 
 
-def _children() -> set[int]:
-    out: set[int] = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            out |= {int(p) for p in (task / "children").read_text().split()}
-        except OSError:
-            pass
-    return out
-
 
 def test_the_corpus_covers_every_defect_the_issue_lists():
     assert len(BAD) >= 30
@@ -70,7 +61,7 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     row_name, words = _expect(path)
     workspace, run = tmp_path / "ws", tmp_path / "run"
     LEAK.unlink(missing_ok=True)
-    before = _children()
+    before = child_pids()
     # a module expected to pass gets the default calibration (LIGHT's 4 groups are too few for its band)
     config = AdmissionConfig(n_seeds=4, probe_seeds=6) if row_name == "admitted" else LIGHT
     result = admit_module(path.read_text(encoding="utf-8"), capability="precondition_verification",
@@ -78,7 +69,7 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     report = json.loads(result.report_json.read_text())
     rows = {r["name"]: r for r in report["checks"]}
     print(f"\n{path.stem}: {result.reason}")
-    assert not LEAK.exists() and _children() <= before
+    assert not LEAK.exists() and child_pids() <= before
     if row_name == "admitted":
         assert result.admitted, result.reason
         # what it printed is in the report, marked untrusted, and changed no verdict
@@ -101,7 +92,7 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     assert result.report_json.parent == run
     assert not LEAK.exists()
     # no process outlives the admission
-    assert _children() <= before
+    assert child_pids() <= before
 
 
 def test_static_checks_name_the_line_and_construct():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from conftest import child_pids
 
 import trace_envs
 from generators.offline import render
@@ -73,15 +73,6 @@ def _in_process(env_id: str, tmp_path: Path):
     env = getattr(module, cls)(**entry.kwargs)
     return gym.wrappers.TimeLimit(env, max_episode_steps=entry.max_episode_steps)
 
-
-def _children() -> set[int]:
-    out: set[int] = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            out |= {int(p) for p in (task / "children").read_text().split()}
-        except OSError:
-            pass
-    return out
 
 
 def _marked_processes(marker: bytes = b"31337") -> list[int]:
@@ -283,7 +274,7 @@ def test_an_attacking_module_is_harmless_at_use(path, tmp_path, monkeypatch, lis
               "_evaluate": base.TauEnv.__dict__["_evaluate"], "checks": list(checker.CHECKS),
               "tau spec": gym.spec("trace/tau_airline-v0").entry_point}
     ids_before = set(gym.registry)
-    children = _children()
+    children = child_pids()
     env_id = _install(tmp_path, path.read_text(encoding="utf-8"))
     ws_files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     env = gym.make(env_id)
@@ -301,7 +292,7 @@ def test_an_attacking_module_is_harmless_at_use(path, tmp_path, monkeypatch, lis
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == ws_files
     # no process outlived the worker
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/status").read_text().find("zombie") >= 0
-    assert _marked_processes() == [] and _children() <= children
+    assert _marked_processes() == [] and child_pids() <= children
     # no connection was made
     assert listener == []
     # the trainer's modules are unchanged
