@@ -18,7 +18,8 @@ What an agent's command can and cannot do to the sandbox (each point is tested i
   (without capabilities); the persistent shell and every command run as uid 1000. When a
   command returns, the shell sends ``kill -9 -1``: every other process of uid 1000 — a
   daemon, a fork bomb, a watcher rewriting files — is gone before the next command (the kernel
-  delivers it to all of them at once, so a fork bomb cannot outrun it). Before grading,
+  delivers it to all of them at once, and the sweep repeats until nobody is left, so a fork bomb
+  cannot outrun it). Before grading,
   :meth:`DockerSandbox.kill_user_processes` does the same from a fresh ``docker exec``, waits
   until no process of the agent is left, and opens a new shell.
 * **Limits it can see.** A cgroup OOM kill is reported as ``killed: out of memory (limit N MB)``
@@ -582,9 +583,14 @@ class DockerSandbox(Sandbox):
         The command's output goes to a file, so waiting for the command is waiting for its own process, not
         for whoever holds its stdout; then ``kill -9 -1`` (a builtin: it works while a fork bomb holds every
         pid) ends every other process of the user, repeated without forking until nothing is left to kill,
-        since a bomb can fork past one sweep. The exit code, the in-sandbox times, the OOM-kill and
-        process-limit counters before and after, the output's size and the writable mounts' free blocks
-        follow a unique marker."""
+        since a bomb can fork past one sweep. On a loaded machine 50 tight sweeps can still leave processes
+        that are dying or that forked between sweeps (33 of a fork bomb's were alive at the next command in one
+        CI run), so the sweeps go on 20 ms apart while ``/proc`` still lists a process of the user other than the shell
+        (at most 5 s): the command returns only when none of its processes is left. (``kill -9 -1`` itself
+        cannot tell: it returns success whenever the container has a process it may not signal, such as the
+        root main process, so its status says nothing about what is left.) The exit code, the in-sandbox
+        times, the OOM-kill and process-limit counters before and after, the output's size and the writable
+        mounts' free blocks follow a unique marker."""
         half = max(1, max_output // 2)
         oom = "{ read -r _ _; read -r _ _; read -r _ %s; } </sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
         pids = "{ read -r _ %s; } </sys/fs/cgroup/pids/pids.events 2>/dev/null"
@@ -593,6 +599,9 @@ class DockerSandbox(Sandbox):
                 f"{pids % '__p0'}; __t0=$EPOCHREALTIME; "
                 f"timeout -k 2 {secs} bash -c {shlex.quote(command)} </dev/null >{OUTPUT_FILE} 2>&1; __trc=$?; "
                 f"__t1=$EPOCHREALTIME; __k=0; while [ $__k -lt 50 ] && kill -9 -1 2>/dev/null; do __k=$((__k+1)); done; "
+                f"__k=0; while [ $__k -lt 250 ]; do __left=; for __p in /proc/[0-9]*; do [ -O \"$__p\" ] && "
+                f"[ \"${{__p#/proc/}}\" != $$ ] && {{ __left=1; break; }}; done; [ -z \"$__left\" ] && break; "
+                f"kill -9 -1 2>/dev/null; sleep 0.02 2>/dev/null; __k=$((__k+1)); done; "
                 f"{oom % '__m1'}; {pids % '__p1'}; "
                 f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
                 f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
