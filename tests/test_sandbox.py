@@ -88,6 +88,27 @@ def _marked_processes(marker: bytes = b"31337") -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ the proxy
+def test_a_workspace_loaded_by_a_relative_path_still_starts_its_worker(tmp_path, monkeypatch):
+    """`trace run --out runs/demo` loads runs/demo/workspace by a relative path; the worker's sandbox binds
+    the module's folder by path, so the spec must carry it absolute (a fresh-clone demo once died here with
+    `bwrap: Can't find source path runs/demo/workspace/envs`)."""
+    source = _offline_source()
+    _, registration = static_check(source)
+    Workspace(tmp_path / "ws").install(source, registration, capability="precondition_verification",
+                                       name="precondition_verification_tau_airline", version=0,
+                                       target="tau_airline", origin="generated:test")
+    env_id = registration["id"]
+    monkeypatch.chdir(tmp_path)
+    trace_envs.load_registry("ws")  # relative, as `trace run --out runs/demo` loads its workspace
+    spec = registry.worker_spec(trace_envs.get_entry(env_id))
+    assert Path(spec.module_root).is_absolute() and Path(spec.bind).is_absolute()
+    env = gym.make(env_id)
+    try:
+        assert rollout(env, OracleAgent(), seed=3)["reward"] == 1.0
+    finally:
+        env.close()
+
+
 def test_gym_make_of_a_generated_id_is_the_proxy_and_never_imports_the_module(tmp_path):
     env_id = _install(tmp_path, _offline_source())
     entry = trace_envs.get_entry(env_id)

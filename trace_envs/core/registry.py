@@ -189,6 +189,9 @@ def worker_spec(entry: EnvEntry, **overrides: Any):
     if path is None:
         raise RegistryError(f"{entry.source} ({entry.id}): entry_point module {module_name!r} cannot be found. "
                             "Fix: put the module next to the workspace registry.yaml")
+    # Absolute: the worker's sandbox binds this folder by path, and a registry loaded by a relative path
+    # (`trace run --out runs/demo`) would otherwise name a folder relative to whichever cwd bwrap starts in.
+    path = path.resolve()
     parts = module_name.split(".")
     depth = len(parts) if path.name == "__init__.py" else len(parts) - 1
     root = path.parents[depth] if depth < len(path.parents) else path.parent

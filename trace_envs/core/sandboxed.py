@@ -342,7 +342,8 @@ class WorkerProcess:
         os.set_blocking(self._w, False)
         os.set_blocking(self._r, False)
         _LIVE.add(self)
-        threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True)
+        self._drainer.start()
 
     # ---------------------------------------------------------------- output (untrusted, kept apart)
     def _drain(self, stream) -> None:
@@ -357,6 +358,8 @@ class WorkerProcess:
 
     def output_tail(self) -> str:
         """The last few KB the module printed (stdout and stderr): untrusted text, never parsed."""
+        if self.proc.poll() is not None:
+            self._drainer.join(timeout=1.0)  # a dead worker's last words are still in the pipe
         data = b"".join(self._tail)[-_OUTPUT_TAIL_BYTES:]
         return data.decode("utf-8", "replace")
 
@@ -666,9 +669,15 @@ class SandboxedEnv(gym.Env):
         """Start a worker and build the env in it; raises :class:`WorkerError` if that fails."""
         self._worker = WorkerProcess(self.spec_worker, unsandboxed=self.unsandboxed)
         s = self.spec_worker
-        result = self._worker.call("init", timeout=s.limits.start_timeout_s, module=s.module, cls=s.cls,
-                                   module_root=s.module_root, kwargs=wire.pack(self.env_kwargs),
-                                   render_mode=self.render_mode, random_seed=s.random_seed)
+        try:
+            result = self._worker.call("init", timeout=s.limits.start_timeout_s, module=s.module, cls=s.cls,
+                                       module_root=s.module_root, kwargs=wire.pack(self.env_kwargs),
+                                       render_mode=self.render_mode, random_seed=s.random_seed)
+        except WorkerError as exc:  # died before it could answer: what it printed is all there is to go on
+            tail = self._worker.output_tail()
+            self._collect(f"failed to start: {exc}")
+            raise WorkerError(f"{s.env_id} failed to start: {exc}" +
+                              (f"\n[untrusted output of the worker]\n{tail[-2000:]}" if tail.strip() else "")) from exc
         if "__error__" in result:
             tail = self._worker.output_tail()
             self._worker.kill()
