@@ -138,3 +138,17 @@ def test_reports_and_cli(tmp_path, capsys):
     for ext in ("json", "md", "png"):
         assert (tmp_path / "cmp" / f"compare.{ext}").exists()
     assert main(["eval", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_env_error_episodes_are_left_out_and_reported():
+    from trace_train.evaluate import evaluate, markdown_table
+
+    records = _records(OUTCOMES)
+    failed = {"env_id": "e", "seed": 3, "sample": 0, "agent": "a", "success": False, "reward": 0.0,
+              "termination": "env_error", "env_error": "the sandbox failed: container gone"}
+    result = evaluate(records + [failed], ks=(1,), n_boot=0)
+    assert result["env_errors"] == 1
+    assert result["overall"]["tasks"] == 3 and result["overall"]["trials"] == 12  # seed 3 is no task at all
+    assert result["overall"]["pass@1"]["value"] == pytest.approx((0.75 + 0.25 + 1.0) / 3)
+    assert "1 episodes ended in `env_error`" in markdown_table(result)
+    assert evaluate(records, ks=(1,), n_boot=0)["env_errors"] == 0

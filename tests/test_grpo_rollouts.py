@@ -109,3 +109,32 @@ def test_a_group_split_across_processes_plays_its_share(tokenizer):
     cfg, policy, rollouts, out = _run(tokenizer, [1_000_000], rows=rows, resample_attempts=2)
     assert len(out["prompt_ids"]) == 4 and rollouts.last["resampled_groups"] == 0
     assert len({tuple(p) for p in out["prompt_ids"][:3]}) == 1 and out["prompt_ids"][3] != out["prompt_ids"][0]
+
+
+def test_an_env_error_episode_is_left_out_of_its_group(tokenizer):
+    """An episode the machine failed (termination env_error) keeps its row, as TRL needs, but enters neither the
+    loss (mask of zeros) nor the group's baseline (its reward is the mean of the others)."""
+    from trace_train.grpo import GroupRollouts, TrainConfig, env_kwargs_for
+
+    cfg = TrainConfig(env_ids=[ENV], env_kwargs={"difficulty": 1, "prompt": "compact"}, model="unused",
+                      output_dir="unused", group_size=4, groups_per_step=1, max_steps=2)
+
+    class FailedOnce(GroupRollouts):
+        def _agent(self, trainer):
+            return ScriptedPolicy()
+
+        def _play(self, agent, groups):
+            played = super()._play(agent, groups)
+            for record, reward in zip(played[0], (0.0, 1.0, 0.0, 1.0)):
+                record["reward"] = reward
+            played[0][0].update(termination="env_error", env_error="the sandbox failed: container gone")
+            return played
+
+    rollouts = FailedOnce(cfg, {ENV: env_kwargs_for(cfg, ENV)}, "cpu")
+    rows = [{"seed": 1_000_000, "environment": ENV}] * 4
+    trainer = SimpleNamespace(_trace_rows=rows, processing_class=tokenizer, state=SimpleNamespace(global_step=0),
+                              model=SimpleNamespace(training=True))
+    out = rollouts(rows, trainer)
+    assert out["env_reward"] == pytest.approx([2 / 3, 1.0, 0.0, 1.0])
+    assert not any(out["env_mask"][0]) and all(any(m) for m in out["env_mask"][1:])
+    assert rollouts.last["env_errors"] == 1

@@ -170,3 +170,98 @@ def test_cli_rollout_resumes_and_exports(tmp_path, capsys):
     assert main(["rollout", "--env", "nope/missing-v0", "--out", str(out)]) == 2
     assert main(["rollout", "--env", EXAMPLE, "--agent", "hf", "--out", str(out)]) == 2
     assert main(["rollout", "--env", EXAMPLE, "--seeds", "x:y", "--out", str(out)]) == 2
+
+
+# ------------------------------------------------------------------ infrastructure failures (env_error)
+class _Machine:
+    """What the flaky env's infrastructure does: the seeds whose episodes it fails, and whether it is there."""
+
+    failing_seeds: set[int] = set()
+    available = True
+
+
+def _flaky_env_class():
+    from trace_envs.core import EnvError, TraceEnv, tool
+
+    class Tools:
+        def __init__(self, env):
+            self.env = env
+
+        @tool
+        def ping(self) -> str:
+            """Ask the backend for an answer."""
+            if self.env.seed_now in _Machine.failing_seeds:
+                raise EnvError("the backend container died")
+            return "pong"
+
+    class FlakyEnv(TraceEnv):
+        """One tool call and a message; the reward is 1.0 when the agent pinged first."""
+
+        def _generate_task(self, options):
+            self.seed_now = self._seed
+            return "Ping the backend, then tell me."
+
+        def _tool_provider(self):
+            return Tools(self)
+
+        def preflight(self):
+            if not _Machine.available:
+                raise EnvError("the backend image cannot be built (log: /nowhere.log)")
+
+        def _evaluate(self):
+            pinged = any(m.get("role") == "tool" for m in self.messages)
+            return float(pinged), {"pinged": pinged}
+
+    return FlakyEnv
+
+
+@pytest.fixture
+def flaky_env():
+    import gymnasium as gym
+
+    env_id = "test/flaky_backend-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_flaky_env_class(), max_episode_steps=6)
+    _Machine.failing_seeds, _Machine.available = set(), True
+    yield env_id
+    _Machine.failing_seeds, _Machine.available = set(), True
+
+
+def _pinger():
+    from trace_envs import ScriptedAgent
+    from trace_envs.core.conversation import hermes_tool_call
+
+    return ScriptedAgent([hermes_tool_call("ping", {}), "Done: pong."], name="pinger")
+
+
+def test_env_errors_are_recorded_apart_and_rerun_once_each(tmp_path, flaky_env):
+    from trace_train.rollouts import read_trajectories, run_rollouts
+
+    out = tmp_path / "traj.jsonl"
+    _Machine.failing_seeds = {1, 4}
+    first = run_rollouts(flaky_env, _pinger(), range(6), out=out, progress=False)
+    assert first.ran == 6 and first.env_errors == 2
+    assert first.mean_reward == 1.0 and first.success_rate == 1.0  # the machine's failures are not scored
+    failed = {r["seed"]: r for r in read_trajectories(out) if r["termination"] == "env_error"}
+    assert set(failed) == {1, 4} and all("container died" in r["env_error"] for r in failed.values())
+    assert all(r["reward"] == 0.0 and r["success"] is False for r in failed.values())
+
+    _Machine.failing_seeds = set()  # the machine is mended
+    plain = run_rollouts(flaky_env, _pinger(), range(6), out=out, progress=False)
+    assert plain.ran == 0 and plain.env_errors == 2  # a plain resume keeps what the file says
+    again = run_rollouts(flaky_env, _pinger(), range(6), out=out, progress=False, retry_env_errors=True)
+    assert again.ran == 2 and again.env_errors == 0 and again.mean_reward == 1.0
+    records = read_trajectories(out)
+    assert Counter(r["seed"] for r in records) == Counter(range(6))  # every key exactly once
+    assert all(r["termination"] != "env_error" for r in records)
+
+
+def test_an_env_that_cannot_run_stops_the_rollout_before_its_first_episode(tmp_path, flaky_env):
+    from trace_envs.core import EnvError
+    from trace_train.rollouts import run_rollouts
+
+    _Machine.available = False
+    out = tmp_path / "traj.jsonl"
+    with pytest.raises(EnvError, match="cannot run on this machine: the backend image cannot be built"):
+        run_rollouts(flaky_env, _pinger(), range(4), out=out, progress=False)
+    assert _lines(out) == 0

@@ -261,8 +261,10 @@ def test_killed_container_ends_episode_cleanly():
     obs, reward, terminated, truncated, info = env.step(hermes_tool_call("bash", {"command": "ls"}))
     assert time.time() - t0 < 20
     assert "Error" in obs and "sandbox" in obs
-    assert truncated and not terminated and reward == 0.0
-    assert info["termination"] == "sandbox_error"
+    assert terminated and not truncated and reward == 0.0
+    # the machine's failure, not the agent's: env_error with its reason
+    assert info["termination"] == "env_error" and "sandbox" in info["env_error"]
+    assert info["reward_breakdown"]["reason"] == "env_error"
     env.close()
     assert env.unwrapped.open_resources() == []
 

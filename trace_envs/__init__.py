@@ -15,6 +15,7 @@ Importing this package never imports torch, transformers or docker.
 from .agents import OracleAgent, RandomAgent, ScriptedAgent, make_agent, register_agent
 from .core import (
     EnvEntry,
+    EnvError,
     RegistryError,
     ToolError,
     TraceEnv,
@@ -33,7 +34,7 @@ __version__ = "0.1.0"
 load_default_registries()
 
 __all__ = [
-    "EnvEntry", "OracleAgent", "RandomAgent", "RegistryError", "ScriptedAgent", "ToolError", "TraceEnv",
+    "EnvEntry", "EnvError", "OracleAgent", "RandomAgent", "RegistryError", "ScriptedAgent", "ToolError", "TraceEnv",
     "UnicodeText", "check_trace_env", "get_entry", "latest_capability_id", "load_registry", "make_agent",
     "register_agent", "registered",
     "rollout", "tool",

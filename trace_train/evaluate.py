@@ -48,10 +48,13 @@ def load_records(source: str | Path | Iterable[dict]) -> list[dict]:
 
 
 def task_outcomes(records: Iterable[dict]) -> dict[Task, dict]:
-    """Per task: trials, successes, summed reward, and its scenario."""
+    """Per task: trials, successes, summed reward, and its scenario. Episodes that ended in ``env_error`` (the
+    machine failed, not the agent) are no trials: they are counted by :func:`env_error_count`."""
     tasks: dict[Task, dict] = {}
     seen: set[tuple[str, int, int]] = set()
     for r in records:
+        if r.get("termination") == "env_error":
+            continue
         key = (str(r["env_id"]), int(r["seed"]))
         trial = key + (int(r.get("sample", 0)),)
         if trial in seen:  # a duplicated line must not count twice
@@ -65,6 +68,11 @@ def task_outcomes(records: Iterable[dict]) -> dict[Task, dict]:
         t["successes"] += int(bool(r.get("success")))
         t["reward"] += float(r.get("reward", 0.0))
     return tasks
+
+
+def env_error_count(records: Iterable[dict]) -> int:
+    """Episodes that ended in ``env_error``: left out of every metric, reported beside them."""
+    return sum(r.get("termination") == "env_error" for r in records)
 
 
 def _per_task_values(tasks: list[dict], ks: Sequence[int]) -> dict[str, np.ndarray]:
@@ -129,6 +137,7 @@ def evaluate(source: str | Path | Iterable[dict], ks: Sequence[int] = (1, 2, 4),
     values = list(tasks.values())
     result = {"ks": ks, "n_boot": n_boot, "level": level,
               "agents": sorted({str(r.get("agent", "")) for r in records}),
+              "env_errors": env_error_count(records),
               "overall": summarize(values, ks, n_boot, rng, level), "by_env": {}, "by_scenario": {}}
     by_env: dict[str, list] = defaultdict(list)
     by_scenario: dict[str, list] = defaultdict(list)
@@ -258,6 +267,9 @@ def markdown_table(result: dict) -> str:
         text += (f"\nDecisions of `{env_id}`: success {d['allowed']['success']:.3f} on {d['allowed']['n']} allowed and "
                  f"{d['must_refuse']['success']:.3f} on {d['must_refuse']['n']} must-refuse requests; balanced "
                  f"accuracy {d['balanced_accuracy']:.3f}.\n")
+    if result.get("env_errors"):
+        text += (f"\n{result['env_errors']} episodes ended in `env_error` (the machine failed, not the agent) and "
+                 "are left out of every value above.\n")
     return text
 
 

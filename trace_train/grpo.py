@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
-               "resampled_groups", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
+               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
                "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s", "forward_backward_s", "optimizer_s",
                "step_s", "reward_by_env")
 
@@ -303,14 +303,28 @@ class GroupRollouts:
         played_s = time.perf_counter() - t0
         tokenizer = trainer.processing_class
         prompt_ids, completion_ids, env_mask, rewards, env_names = [], [], [], [], []
+        env_errors = 0
         for (env_id, _, _), eps in zip(groups, played):
+            # An episode the machine failed (termination env_error: an image build, a dead container) says
+            # nothing about the policy. TRL needs every row, so it stays, but out of the group: the mean reward
+            # of the group's other members (no advantage of its own, the group's baseline unchanged) and a
+            # mask of zeros (no token of it enters the loss).
+            scored = [float(r["reward"]) for r in eps if r.get("termination") != "env_error"]
+            fill = sum(scored) / len(scored) if scored else 0.0
             for record in eps:
                 p, c, m = encode_episode(tokenizer, record, cfg.max_completion_length)
+                reward = float(record["reward"])
+                if record.get("termination") == "env_error":
+                    env_errors += 1
+                    m, reward = [0] * len(m), fill
                 prompt_ids.append(p)
                 completion_ids.append(c)
                 env_mask.append(m)
-                rewards.append(float(record["reward"]))
+                rewards.append(reward)
                 env_names.append(env_id)
+        if env_errors:
+            logger.warning("%d of %d GRPO episodes ended in env_error (the machine failed, not the policy); "
+                           "they were left out of their groups", env_errors, len(rewards))
         episodes = len(rows) + resampled * g
         self.episodes += episodes
         stats = getattr(agent, "stats", None)
@@ -320,7 +334,7 @@ class GroupRollouts:
         wall = time.perf_counter() - t0
         env_s = max(0.0, played_s - gen_s)
         by_env = {e: [r for r, n in zip(rewards, env_names) if n == e] for e in dict.fromkeys(env_names)}
-        self.last = {"episodes": episodes, "resampled_groups": resampled,
+        self.last = {"episodes": episodes, "resampled_groups": resampled, "env_errors": env_errors,
                      "informative_before_resampling": 1.0 - sum(flat_before) / len(flat_before),
                      "generation_s": gen_s, "env_s": env_s, "encode_s": wall - played_s, "rollout_s": wall,
                      "reward_by_env": {e: sum(v) / len(v) for e, v in by_env.items()}}
@@ -423,7 +437,7 @@ def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path
                    "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
                    "informative_before_resampling": last.get("informative_before_resampling",
                                                              1.0 - logs.get("frac_reward_zero_std", math.nan)),
-                   "resampled_groups": last.get("resampled_groups", 0),
+                   "resampled_groups": last.get("resampled_groups", 0), "env_errors": last.get("env_errors", 0),
                    "episodes": last.get("episodes", cfg.batch_rollouts), "kl": logs.get("kl"),
                    "completion_length": logs.get("completions/mean_length"),
                    "clipped_ratio": logs.get("completions/clipped_ratio"), "loss": logs.get("loss"),

@@ -829,8 +829,14 @@ def _method_rollouts(key, make, targets, seeds, samples, out, in_flight, env_kwa
 
     agent = make()
     try:
-        run_rollouts(targets, agent, seeds, samples=samples, out=out, in_flight=in_flight,
-                     env_kwargs=env_kwargs.__getitem__, progress=progress, agent_name=key)
+        # Episodes the machine failed (env_error) are rerun, here and when a run resumes; what still fails
+        # after a second pass is left out of the metrics and reported (trace_train.evaluate).
+        for _ in range(2):
+            summary = run_rollouts(targets, agent, seeds, samples=samples, out=out, in_flight=in_flight,
+                                   env_kwargs=env_kwargs.__getitem__, progress=progress, agent_name=key,
+                                   retry_env_errors=True)
+            if not summary.env_errors:
+                break
     finally:
         close = getattr(agent, "close", None)
         if callable(close):

@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
 
+from trace_envs.core import EnvError
+
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]
@@ -48,6 +50,9 @@ class RolloutSummary:
     seconds: float
     episodes_per_second: float
     records: list[dict] = field(default_factory=list, repr=False)
+    #: episodes (of the requested ones, this run's and the file's) that ended in ``env_error``: the machine
+    #: failed, not the agent. ``mean_reward`` and ``success_rate`` leave them out.
+    env_errors: int = 0
 
 
 def record_key(record: dict) -> Key:
@@ -141,6 +146,22 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _env_failed(record: dict) -> bool:
+    """Whether an episode ended because the machine failed (termination ``env_error``), not the agent."""
+    return record.get("termination") == "env_error"
+
+
+def _rewrite(path: Path, records: list[dict]) -> None:
+    """Replace the trajectory file by ``records``, atomically (a crash leaves the old file or the new one)."""
+    tmp = path.with_name(path.name + ".rewrite")
+    with open(tmp, "wb") as f:
+        for record in records:
+            f.write(jsonl_line(record))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _is_agent_error(action: Any) -> bool:
     return isinstance(action, str) and action.startswith("<tool_call>[agent error]")
 
@@ -164,6 +185,8 @@ def _record(ep: _Episode, agent_name: str) -> dict:
         "termination": (info.get("termination") or "terminated") if terminated else "max_steps",
         "steps": ep.steps,
         "agent_errors": ep.agent_errors,
+        **({"env_error": str(info.get("env_error") or info.get("reward_breakdown", {}).get("error") or "")}
+           if terminated and info.get("termination") == "env_error" else {}),
         "timing": {"reset_s": ep.reset_s, "env_s": ep.env_s, "agent_s": ep.agent_s,
                    "wall_s": time.perf_counter() - ep.t0},
     }
@@ -199,7 +222,8 @@ class _Lock:
 def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int], samples: int = 1,
                  out: str | Path | None = None, in_flight: int = 8, reset_options: dict | None = None,
                  env_kwargs: dict | Callable[[str], dict] | None = None, max_steps: int | None = None, progress: bool = True,
-                 agent_name: str | None = None, keep_records: bool = False) -> RolloutSummary:
+                 agent_name: str | None = None, keep_records: bool = False,
+                 retry_env_errors: bool = False) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:
@@ -217,6 +241,12 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         progress: show a tqdm bar (episodes, mean reward so far, episodes/s).
         agent_name: name written into records (default ``agent.name``).
         keep_records: also return this run's records in the summary.
+        retry_env_errors: rerun the requested episodes that ``out`` holds with termination ``env_error`` (the
+            machine failed, not the agent); their old records are removed, so each key stays in the file once.
+
+    Before the first episode every env id is made once and its ``preflight()`` called (an SWE env builds its
+    images there): an env that cannot run on this machine raises :class:`trace_envs.core.EnvError` with the
+    reason, before any episode is played or written.
 
     Returns:
         A :class:`RolloutSummary`.
@@ -244,13 +274,20 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         lock = _Lock(path).__enter__()
         existing = read_trajectories(path, repair=True)
     try:
-        done = {record_key(r) for r in existing if "env_id" in r and "seed" in r}
         wanted = set(todo)
+        if retry_env_errors and path is not None:
+            failed = [r for r in existing if _env_failed(r) and record_key(r) in wanted]
+            if failed:
+                existing = [r for r in existing if not (_env_failed(r) and record_key(r) in wanted)]
+                _rewrite(path, existing)
+                logger.info("%s: rerunning %d episodes that ended in env_error", path, len(failed))
+        done = {record_key(r) for r in existing if "env_id" in r and "seed" in r}
         prior = [r for r in existing if record_key(r) in wanted]
         pending = deque(k for k in todo if k not in done)
         skipped = len(todo) - len(pending)
-        rewards = [float(r.get("reward", 0.0)) for r in prior]
-        successes = [bool(r.get("success")) for r in prior]
+        env_errors = sum(_env_failed(r) for r in prior)
+        rewards = [float(r.get("reward", 0.0)) for r in prior if not _env_failed(r)]
+        successes = [bool(r.get("success")) for r in prior if not _env_failed(r)]
         records: list[dict] = []
         free_envs: dict[str, list[gym.Env]] = {}
         all_envs: list[gym.Env] = []
@@ -284,7 +321,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             return ep
 
         def finish(ep: _Episode) -> None:
-            nonlocal ran
+            nonlocal ran, env_errors
             record = _record(ep, name)
             if sink is not None:
                 sink.write(jsonl_line(record))
@@ -293,16 +330,30 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             if keep_records:
                 records.append(record)
             free_envs.setdefault(ep.key[0], []).append(ep.env)
-            rewards.append(record["reward"])
-            successes.append(record["success"])
+            if _env_failed(record):
+                env_errors += 1
+                logger.warning("%s seed %s: env_error (%s)", ep.key[0], ep.key[1], record.get("env_error", "")[:200])
+            else:
+                rewards.append(record["reward"])
+                successes.append(record["success"])
             ran += 1
             elapsed = time.perf_counter() - t_start
             bar.update(1)
-            bar.set_postfix(reward=f"{sum(rewards) / len(rewards):.3f}",
-                            success=f"{sum(successes) / len(successes):.2f}",
+            bar.set_postfix(reward=f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+                            success=f"{sum(successes) / len(successes):.2f}" if successes else "-",
+                            **({"env_errors": env_errors} if env_errors else {}),
                             eps=f"{ran / elapsed:.2f}/s" if elapsed > 0 else "-")
 
         try:
+            for env_id in dict.fromkeys(k[0] for k in pending):  # every env can run here, before any episode
+                env = take_env(env_id)
+                free_envs[env_id].append(env)
+                check = getattr(env.unwrapped, "preflight", None)
+                if callable(check):
+                    try:
+                        check()
+                    except EnvError as exc:
+                        raise EnvError(f"{env_id} cannot run on this machine: {exc}") from exc
             while pending or open_eps:
                 while pending and len(open_eps) < in_flight:
                     open_eps.append(start(pending.popleft()))
@@ -349,7 +400,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             path=path, total=len(todo), skipped=skipped, ran=ran,
             mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
             success_rate=sum(successes) / len(successes) if successes else 0.0,
-            seconds=seconds, episodes_per_second=ran / seconds if seconds > 0 else 0.0, records=records)
+            seconds=seconds, episodes_per_second=ran / seconds if seconds > 0 else 0.0, records=records,
+            env_errors=env_errors)
     finally:
         if lock is not None:
             lock.__exit__(None, None, None)

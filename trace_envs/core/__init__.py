@@ -4,10 +4,10 @@ from .env import TraceEnv, canonical_hash
 from .parsing import ParsedAction, ToolCall, parse_action
 from .registry import EnvEntry, RegistryError, get_entry, load_registry, read_registry, registered
 from .spaces import UnicodeText
-from .tools import ToolError, ToolResult, ToolSet, tool
+from .tools import EnvError, ToolError, ToolResult, ToolSet, tool
 
 __all__ = [
-    "EnvEntry", "ParsedAction", "RegistryError", "ToolCall", "ToolError", "ToolResult", "ToolSet", "TraceEnv",
+    "EnvEntry", "EnvError", "ParsedAction", "RegistryError", "ToolCall", "ToolError", "ToolResult", "ToolSet", "TraceEnv",
     "UnicodeText", "canonical_hash", "get_entry", "load_registry", "parse_action", "read_registry", "registered",
     "tool",
 ]

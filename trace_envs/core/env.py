@@ -38,7 +38,7 @@ from .conversation import (
 )
 from .parsing import MAX_ACTION_CHARS, ParsedAction, parse_action
 from .spaces import UnicodeText, fit_text, well_formed
-from .tools import ToolResult, ToolSet
+from .tools import EnvError, ToolResult, ToolSet
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class TraceEnv(gym.Env):
         self._toolset: ToolSet | None = None
         self._ended = True
         self._termination: str | None = None
+        self._env_error: str | None = None  # why the infrastructure failed, when termination is env_error
         self._final: dict = {}
         self._seed: int | None = None
         self._tools: list[dict] = []
@@ -167,6 +168,7 @@ class TraceEnv(gym.Env):
         self._messages = []
         self._ended = False
         self._termination = None
+        self._env_error: str | None = None
         self._final = {}
         self._invalid_streak = 0
         self._call_counter = 0
@@ -195,14 +197,24 @@ class TraceEnv(gym.Env):
             return self._observation(obs), 0.0, True, False, self._info()
         try:
             obs = self._take_turn(action)
+        except EnvError as exc:  # the machine failed, not the agent
+            logger.warning("environment %s: infrastructure failure: %s", type(self).__name__, exc)
+            obs = f"Error: the environment failed ({exc}). The episode has ended."
+            self._env_error = str(exc)
+            self._end("env_error")
         except Exception as exc:  # our bug, not the agent's: end cleanly instead of killing the caller's loop
             logger.exception("environment %s failed during step", type(self).__name__)
             obs = f"Error: the environment failed ({type(exc).__name__}). The episode has ended."
+            self._env_error = f"{type(exc).__name__}: {exc}"
             self._end("env_error")
         reward = 0.0
         if self._ended:
             reward = self._finish()
         return self._observation(obs), reward, self._ended, False, self._info()
+
+    def preflight(self) -> None:
+        """Check, before a rollout's first episode, that what this env needs on the machine is there (images
+        built, engines answering); raise :class:`EnvError` with the reason if not. The base needs nothing."""
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -281,17 +293,25 @@ class TraceEnv(gym.Env):
         return obs
 
     def _finish(self) -> float:
-        if self._termination in ("too_many_errors", "env_error"):
+        if self._termination == "too_many_errors":
             reward, breakdown = 0.0, {"reason": self._termination}
+        elif self._termination == "env_error":
+            reward, breakdown = 0.0, {"reason": "env_error", "error": self._env_error}
         else:
             try:
                 reward, breakdown = self._evaluate()
+            except EnvError as exc:  # the grader's machine failed: not a score of the agent
+                logger.warning("evaluation of %s: infrastructure failure: %s", type(self).__name__, exc)
+                self._env_error, self._termination = str(exc), "env_error"
+                reward, breakdown = 0.0, {"reason": "env_error", "error": self._env_error}
             except Exception:
                 logger.exception("evaluation of %s failed", type(self).__name__)
                 reward, breakdown = 0.0, {"reason": "evaluation_error"}
         reward = float(min(1.0, max(0.0, reward)))
         self._final = {"reward": reward, "reward_breakdown": breakdown, "success": reward >= 1.0 - 1e-9,
                        "termination": self._termination}
+        if self._termination == "env_error":
+            self._final["env_error"] = self._env_error
         return reward
 
     def _info(self) -> dict:

@@ -39,6 +39,17 @@ class ToolError(Exception):
     """
 
 
+class EnvError(Exception):
+    """Raised from a tool, a hook or the evaluation when the environment's own infrastructure failed — an
+    image that cannot be built, a Docker engine that does not answer, a container that died — never for
+    anything the agent did (that is a :class:`ToolError`).
+
+    It ends the episode with termination ``env_error`` and the message in ``info["env_error"]``, so that a
+    failure of the machine is never scored as a failure of the agent: rollouts count such episodes apart,
+    GRPO leaves them out of its groups, and evaluation reruns them.
+    """
+
+
 @dataclass(frozen=True)
 class ToolMeta:
     name: str | None = None
@@ -494,7 +505,7 @@ class ToolSet:
         return None
 
     def call(self, name: Any, arguments: Any) -> ToolResult:
-        """Validate and run one call; never raises."""
+        """Validate and run one call; never raises, except :class:`EnvError` (the env ends the episode)."""
         rejected = self.check(name, arguments)
         if rejected is not None:
             return rejected
@@ -503,6 +514,8 @@ class ToolSet:
             value = getattr(self.provider, spec.attr)(**arguments)
         except ToolError as exc:
             return self.error(name, str(exc), spec.write)
+        except EnvError:
+            raise  # the env ends the episode with env_error: not the agent's failure, not a tool result
         except Exception as exc:  # a bug in a tool must not crash the episode
             logger.warning("tool %s raised %r", name, exc, exc_info=True)
             return self.error(name, f"the tool failed unexpectedly ({type(exc).__name__}: {exc}).", spec.write)

@@ -10,7 +10,7 @@ import logging
 import shlex
 from pathlib import Path
 
-from trace_envs.core import ToolError, TraceEnv, tool
+from trace_envs.core import EnvError, ToolError, TraceEnv, tool
 from trace_envs.core.conversation import hermes_tool_call
 
 from .read_tools import RepoReadTools
@@ -91,9 +91,10 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
     ``/tmp`` 512 MB) are reported as such at the top of the ``bash`` result.
 
     ## Episode End
-    ``submit`` or a message (terminated); ``max_episode_steps`` (truncated); a sandbox failure
-    (container killed, engine gone) gives an error observation and truncates with termination
-    ``sandbox_error``.
+    ``submit`` or a message (terminated); ``max_episode_steps`` (truncated). A failure of the machine, not
+    of the agent — an image that cannot be built, a Docker engine that does not answer, a container that
+    died — ends the episode with termination ``env_error`` and the reason in ``info["env_error"]``
+    (:class:`trace_envs.core.EnvError`): rollouts count it apart and evaluation reruns it.
 
     ## Arguments
     repos: repository keys, or "default" (the eight default PyPI libraries).
@@ -159,19 +160,28 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
             self._box = None
 
     def _sandbox(self):
-        """The episode's sandbox, started (and loaded with the bugged repository) on first use."""
+        """The episode's sandbox, started (and loaded with the bugged repository) on first use.
+
+        A sandbox that cannot start (the image cannot be built, no engine answers, the container does not
+        come up) is the machine's failure: :class:`EnvError`, remembered for the rest of the episode."""
+        from .images import InfraError
         from .sandbox import SandboxError
 
         if self._sandbox_failed:
-            raise ToolError("the sandbox is gone; the episode has ended")
+            raise EnvError(f"the sandbox failed: {self._sandbox_failed}")
         if self._box is None:
             try:
                 self._box = self._new_box(self.repo)
                 prepare_sandbox(self._box, self._bugged)
-            except SandboxError as exc:
+            except (SandboxError, InfraError) as exc:
                 self._sandbox_failed = str(exc)
-                raise ToolError(f"the sandbox failed to start ({exc}); the episode has ended") from exc
+                raise EnvError(f"the sandbox failed to start: {exc}") from exc
         return self._box
+
+    def _sandbox_gone(self, exc: Exception) -> EnvError:
+        """The error that ends the episode when the running sandbox fails (container killed, engine gone)."""
+        self._sandbox_failed = str(exc)
+        return EnvError(f"the sandbox failed: {exc}")
 
     def _sh(self, command: str, timeout: float | None = None, max_output: int = 20_000):
         from .sandbox import SandboxError
@@ -180,8 +190,20 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
         try:
             return box.run(command, timeout=timeout or self.command_timeout, max_output=max_output)
         except SandboxError as exc:
-            self._sandbox_failed = str(exc)
-            raise ToolError(f"the sandbox failed ({exc}); the episode has ended") from exc
+            raise self._sandbox_gone(exc) from exc
+
+    def preflight(self) -> None:
+        """Build (or find) the sandbox image of every repository with instances, so that an image that cannot
+        be built stops a rollout before its first episode instead of failing each one."""
+        if self.sandbox_kind == "local":
+            return
+        from .images import InfraError
+
+        for key in sorted({i["repo"] for i in self.instances}):
+            try:
+                load_repo(key).image()
+            except InfraError as exc:
+                raise EnvError(f"the sandbox image of {key} cannot be built: {exc}") from exc
 
     def open_resources(self) -> list[str]:
         out = [repr(self._box)] if self._box is not None else []
@@ -215,8 +237,8 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
             if self.pool_size > 0:  # a warm container is ready: load the repository now
                 try:
                     self._sandbox()
-                except ToolError:
-                    pass
+                except EnvError:
+                    pass  # remembered: the episode's first tool call ends it with env_error
         finally:
             if previous is not None:
                 previous.close(**({"wait": False} if getattr(previous, "kind", "") == "docker" else {}))
@@ -316,8 +338,7 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
         except SandboxWriteError as exc:  # e.g. a directory the agent made read-only: its problem, not the sandbox's
             raise ToolError(str(exc)) from exc
         except SandboxError as exc:
-            self._sandbox_failed = str(exc)
-            raise ToolError(f"the sandbox failed ({exc}); the episode has ended") from exc
+            raise self._sandbox_gone(exc) from exc
 
     @tool
     def run_tests(self, tests: list[str] | None = None) -> str:
@@ -333,8 +354,7 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
         try:
             run = run_tests(box, self.repo, targets or None, timeout=self.test_timeout)
         except SandboxError as exc:
-            self._sandbox_failed = str(exc)
-            raise ToolError(f"the sandbox failed ({exc}); the episode has ended") from exc
+            raise self._sandbox_gone(exc) from exc
         self.tests_run += 1
         counts: dict[str, int] = {}
         for status in run.statuses.values():
@@ -365,29 +385,21 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
 
     # ------------------------------------------------------------------ flow and reward
     def _on_tool_result(self, name, arguments, result) -> None:
-        if self._sandbox_failed:
-            self._end("sandbox_error")
-        elif name == "submit" and result.ok:
+        if name == "submit" and result.ok:
             self._end("agent_stop")
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = super().step(action)
-        if self._termination == "sandbox_error":
-            return obs, 0.0, False, True, info
-        return obs, reward, terminated, truncated, info
 
     def _evaluate(self) -> tuple[float, dict]:
         from .sandbox import SandboxError
 
         base = {"instance_id": self.instance["instance_id"], "submitted": self.submitted}
         if self._sandbox_failed:
-            return 0.0, {**base, "reason": "sandbox_error", "detail": str(self._sandbox_failed)}
+            raise EnvError(f"the sandbox failed: {self._sandbox_failed}")
         if self._box is None:  # no tool ever touched the repository: the bug is still there
             return 0.0, {**base, "reason": "no_changes"}
         try:
             reward, breakdown = evaluate_in_sandbox(self._box, self.repo, self.instance, timeout=self.test_timeout)
-        except SandboxError as exc:
-            return 0.0, {**base, "reason": "sandbox_error", "detail": str(exc)}
+        except SandboxError as exc:  # the grader's container failed: the machine's fault, not a score
+            raise EnvError(f"the sandbox failed while grading: {exc}") from exc
         return reward, {**base, **breakdown}
 
     # ------------------------------------------------------------------ oracle
