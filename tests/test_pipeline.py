@@ -166,7 +166,7 @@ def test_an_interrupted_rollout_stage_resumes_inside(tmp_path, capsys):
 def test_stages_whose_part_is_missing_are_marked_in_the_plan_and_the_report(tmp_path, monkeypatch):
     """Without the generator and the trainer, the run still goes to the end: those stages are recorded as
     unavailable (never faked), and every results row they would have fed is kept and marked so."""
-    from trace_train import pipeline
+    from trace_train.pipeline import runner as pipeline
     from trace_train.report import build_document
 
     original = pipeline._stage_list

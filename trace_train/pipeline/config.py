@@ -275,8 +275,8 @@ class ComposeSection:
         for m in self.merges:
             _choice("compose.merges[]", m, ("linear", "ties"))
         if "train" in self.options:  # the router's settings: checked now, not after the adapters have trained
-            from .compose.adapters import ComposeError
-            from .compose.api import router_config
+            from ..compose.adapters import ComposeError
+            from ..compose.api import router_config
 
             try:
                 router_config(self.options["train"])
