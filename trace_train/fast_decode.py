@@ -8,7 +8,7 @@ import warnings
 
 from trace_train.tiny.fast_decode import (AUTO_MAX_HIDDEN, AUTO_MAX_LAYERS, FastDecoder, Generation, KVStore,
                                           PREFILL_CHUNK, Unsupported, auto_applies, read_weights, supported,
-                                          weights_version)  # noqa: F401
+                                          weights_version)
 
 warnings.warn("trace_train.fast_decode is deprecated and will be removed in the next release; import from "
               "trace_train.tiny.fast_decode instead (see CHANGELOG.md)", DeprecationWarning, stacklevel=2)

@@ -8,7 +8,7 @@ import warnings
 
 from trace_train.train.grpo import (ConfigError, GroupRollouts, LOG_COLUMNS, MAX_PROMPT_ROWS, TrainConfig, TrainResult,
                                     calibrate, encode_episode, env_kwargs_for, env_reward, plot_reward_curve, read_log,
-                                    train)  # noqa: F401
+                                    train)
 
 warnings.warn("trace_train.grpo is deprecated and will be removed in the next release; import from "
               "trace_train.train.grpo instead (see CHANGELOG.md)", DeprecationWarning, stacklevel=2)

@@ -9,7 +9,7 @@ import warnings
 from trace_train.pipeline.config import (BaseSection, ComposeSection, ConfigError, DiagnoseSection, EvaluateSection,
                                          GenerateSection, METHODS, RolloutSection, RunConfig, SECTIONS, STAGES,
                                          TrainSection, config_from_dict, dump_config, embedded_default, load_config,
-                                         parse_seeds)  # noqa: F401
+                                         parse_seeds)
 
 warnings.warn("trace_train.pipeline_config is deprecated and will be removed in the next release; import from "
               "trace_train.pipeline.config instead (see CHANGELOG.md)", DeprecationWarning, stacklevel=2)

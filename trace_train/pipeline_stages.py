@@ -6,7 +6,7 @@ Import from the new path instead.
 
 import warnings
 
-from trace_train.pipeline.stages.base import (estimate_base, run_base, tiny_base_cache_dir, tiny_bootstrap_config)  # noqa: F401
+from trace_train.pipeline.stages.base import (estimate_base, run_base, tiny_base_cache_dir, tiny_bootstrap_config)
 from trace_train.pipeline.stages.common import (FAST_DECODE_SPEEDUP_40, FAST_DECODE_SPEEDUP_NARROW, GRPO_FAST_SPEEDUP,
                                                 MixtureAgent, SECONDS_BOOTSTRAP_SETUP, SECONDS_PER_ADMISSION,
                                                 SECONDS_PER_ENDPOINT_EPISODE, SECONDS_PER_GRPO_STEP_TINY,
@@ -16,13 +16,13 @@ from trace_train.pipeline.stages.common import (FAST_DECODE_SPEEDUP_40, FAST_DEC
                                                 SECONDS_PER_TINY_BATCH_FAST, SECONDS_PER_TINY_EPISODE_IN_BATCH,
                                                 SECONDS_PER_TINY_EPISODE_IN_BATCH_FAST, SFT_TWO_THREAD_SPEEDUP,
                                                 base_agent_factory, base_env_kwargs_fn, base_model_path,
-                                                capability_envs, model_env_kwargs_fn)  # noqa: F401
-from trace_train.pipeline.stages.compose import (estimate_compose, run_compose)  # noqa: F401
-from trace_train.pipeline.stages.diagnose import (estimate_diagnose, run_diagnose)  # noqa: F401
-from trace_train.pipeline.stages.evaluate import (SAME_AS_BASE_NOTE, estimate_evaluate, method_agents, run_evaluate)  # noqa: F401
-from trace_train.pipeline.stages.generate import (estimate_generate, run_generate)  # noqa: F401
-from trace_train.pipeline.stages.rollout import (estimate_rollout, run_rollout)  # noqa: F401
-from trace_train.pipeline.stages.train import (estimate_train, run_train)  # noqa: F401
+                                                capability_envs, model_env_kwargs_fn)
+from trace_train.pipeline.stages.compose import (estimate_compose, run_compose)
+from trace_train.pipeline.stages.diagnose import (estimate_diagnose, run_diagnose)
+from trace_train.pipeline.stages.evaluate import (SAME_AS_BASE_NOTE, estimate_evaluate, method_agents, run_evaluate)
+from trace_train.pipeline.stages.generate import (estimate_generate, run_generate)
+from trace_train.pipeline.stages.rollout import (estimate_rollout, run_rollout)
+from trace_train.pipeline.stages.train import (estimate_train, run_train)
 
 warnings.warn("trace_train.pipeline_stages is deprecated and will be removed in the next release; import from "
               "trace_train.pipeline.stages.<stage> (and .common) instead (see CHANGELOG.md)", DeprecationWarning, stacklevel=2)

@@ -6,7 +6,7 @@ Import from the new path instead.
 
 import warnings
 
-from trace_train.train.prefix_logprobs import (shared_prefix_logprobs)  # noqa: F401
+from trace_train.train.prefix_logprobs import (shared_prefix_logprobs)
 
 warnings.warn("trace_train.prefix_logprobs is deprecated and will be removed in the next release; import from "
               "trace_train.train.prefix_logprobs instead (see CHANGELOG.md)", DeprecationWarning, stacklevel=2)

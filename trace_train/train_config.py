@@ -7,7 +7,7 @@ Import from the new path instead.
 import warnings
 
 from trace_train.train.config import (ConfigError, DECODES, DEVICES, LOSS_FORWARDS, LOSS_TYPES, ROLLOUTS, TrainConfig,
-                                      VLLM_MODES)  # noqa: F401
+                                      VLLM_MODES)
 
 warnings.warn("trace_train.train_config is deprecated and will be removed in the next release; import from "
               "trace_train.train.config instead (see CHANGELOG.md)", DeprecationWarning, stacklevel=2)
