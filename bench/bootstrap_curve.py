@@ -13,7 +13,7 @@ evaluation env draws from those families plus the left-out ones (``--exclude-sce
 ``cancel``), uniformly. Overall success is over that mix; the left-out share is reported apart. The
 env is the real ``trace/tau_airline-v0`` (compact prompt: short policy and tool schemas); pass
 ``--scenarios`` with more families (or ``all``) for a harder curve. The recipe: the ``tiny`` preset
-(built with a hand-set copy circuit, :mod:`trace_train.copy_circuit`, whose positional part is held
+(built with a hand-set copy circuit, :mod:`trace_train.tiny.copy_circuit`, whose positional part is held
 fixed during the warm-up: ``--freeze-circuit``), batches of 8, 4000 training episodes
 (``--train-seeds``), and the curriculum ``--pretrain-frac 0.5`` (LM pre-training on the
 conversations alone, then SFT; see ``BootstrapConfig.pretrain_frac``).
@@ -22,7 +22,7 @@ Reported per checkpoint: training wall time (setup and evaluation pauses exclude
 scenarios trained on, and on the scenarios left out — which must stay low: the warm-up yields a base
 model with known gaps, the embedded demo's base agent — and, as a diagnostic, the share of assistant
 turns of held-out oracle episodes the model reproduces exactly from the true history, tool calls and
-messages apart (:func:`trace_train.models.teacher_forced_turns`). Episode success needs every turn
+messages apart (:func:`trace_train.tiny.sft_data.teacher_forced_turns`). Episode success needs every turn
 right; the per-turn figures show where it stands before that (e.g. messages right, calls wrong: the
 model has the turn format but does not yet copy ids from the conversation into its calls).
 
@@ -102,9 +102,11 @@ def main() -> None:
     import trace_envs
     from trace_envs import OracleAgent
     from trace_train.agents import HFAgent
-    from trace_train.models import (BootstrapConfig, bootstrap_model, build_model, default_corpus_envs,
-                                    oracle_trajectories, prompt_env_kwargs, scenario_families,
-                                    teacher_forced_turns)
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.build import build_model
+    from trace_train.tiny.metadata import prompt_env_kwargs
+    from trace_train.tiny.sft_data import oracle_trajectories, scenario_families, teacher_forced_turns
+    from trace_train.tiny.tokenizer import default_corpus_envs
     from trace_train.rollouts import run_rollouts
 
     try:

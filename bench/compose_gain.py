@@ -43,13 +43,13 @@ DEFAULT_ENVS = ["trace/precondition_verification-v1", "trace/multi_step_completi
 
 
 def env_kwargs(base: str, env: str, difficulty: int) -> dict:
-    from trace_train.models import model_env_kwargs
+    from trace_train.tiny.metadata import model_env_kwargs
 
     return {**model_env_kwargs(base, env), "difficulty": difficulty}
 
 
 def make_base(work: Path, minutes: float, share: float, envs: list[str]) -> str:
-    from trace_train.models import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
 
     out = work / "base"
     if (out / "trace_model.json").exists():
@@ -63,7 +63,7 @@ def make_base(work: Path, minutes: float, share: float, envs: list[str]) -> str:
 
 def train_adapter(work: Path, base: str, env: str, difficulty: int, minutes: float, lr: float) -> str:
     from trace_train.compose.data import capability_of
-    from trace_train.grpo import TrainConfig, train
+    from trace_train.train.grpo import TrainConfig, train
 
     out = work / "train" / capability_of(env)
     adapter = out / "adapter"

@@ -7,7 +7,7 @@ and generation throughput (greedy ``generate`` of ``--new-tokens`` tokens for ``
 ``--prompt`` tokens, with the KV cache), and both as a ratio against the anchor. Goal (issue 16):
 composed <= 1.1x one LoRA at K = 4 on the ~100M config.
 
-Models: the ``tiny`` preset (trace_train.models) and ``100m``, a random Qwen3 config of ~100M parameters
+Models: the ``tiny`` preset (trace_train.tiny) and ``100m``, a random Qwen3 config of ~100M parameters
 (hidden 768, 12 blocks, MLP 2048, vocab 32768). Adapters are random non-zero LoRAs (rank ``--rank`` on
 every projection of every block, the costliest layout). The composed model's gates are set so that
 every token goes to one of the K experts (none to the base slot), spread over all of them: each token
@@ -42,7 +42,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 def base_model(name: str, root: Path) -> str:
     """The model folder of a bench config (built once into ``root``)."""
     if name == "tiny":
-        from trace_train.models import build_model
+        from trace_train.tiny.build import build_model
 
         return str(build_model("tiny").path)
     if name != "100m":

@@ -63,7 +63,7 @@ def capability_envs() -> list[str]:
 
 
 def make_base(work: Path, minutes: float, share: float, caps: list[str], train_seeds: int) -> str:
-    from trace_train.models import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
 
     out = work / "base"
     if (out / "trace_model.json").exists():
@@ -86,7 +86,7 @@ def agent(model: str, temperature: float, adapter: str | None = None, batch: int
 def calibration_table(work: Path, base: str, caps: list[str], difficulties: list[int], groups: int,
                       group_size: int, max_turns: int | None) -> list[dict]:
     from trace_envs.calibration import summarize
-    from trace_train.models import model_env_kwargs
+    from trace_train.tiny.metadata import model_env_kwargs
     from trace_train.rollouts import run_rollouts
 
     path = work / "calibration.json"
@@ -125,7 +125,7 @@ def pick(table: list[dict]) -> dict:
 def evaluate_pair(work: Path, base: str, adapter: str, env: str, difficulty: int, seeds: int,
                   max_turns: int | None) -> dict:
     from trace_train.evaluate import compare
-    from trace_train.models import model_env_kwargs
+    from trace_train.tiny.metadata import model_env_kwargs
     from trace_train.rollouts import run_rollouts
 
     kwargs = {**model_env_kwargs(base, env), "difficulty": difficulty}
@@ -178,7 +178,7 @@ def main() -> int:
                                          "mean_reward": 0.0}
     print(f"[3/4] rule: {RULE} -> {cell['env']} difficulty {cell['difficulty']} "
           f"(informative {cell['informative']:.0%}, mean reward {cell['mean_reward']:.3f})", flush=True)
-    from trace_train.grpo import TrainConfig, read_log, train
+    from trace_train.train.grpo import TrainConfig, read_log, train
 
     cfg = TrainConfig(env_ids=[cell["env"]], env_kwargs={"difficulty": cell["difficulty"]}, model=base,
                       output_dir=str(work / "train"), max_steps=10_000, max_minutes=args.train_minutes,

@@ -3,15 +3,15 @@
     python bench/grpo_speed.py [--env trace/precondition_verification-v0] [--steps 4] [--rounds 1] [--preset tiny]
                                [--model DIR] [--trl-anchor]
 
-Both paths run ``trace_train.grpo.train`` with the training config of ``trace run``'s embedded default
+Both paths run ``trace_train.train.grpo.train`` with the training config of ``trace run``'s embedded default
 (``pipeline_config.embedded_default().train.options``: group size, groups per step, tokens per turn, turns,
 temperature, learning rate, env kwargs), the same model (the ``tiny`` preset built offline, unless
 ``--model``), LoRA, seeds, one torch thread and fp32:
 
 * **today's path** (the anchor): ``decode: hf`` (rollouts through ``model.generate``) and
   ``loss_forward: trl`` (TRL's padded forward over every episode);
-* **fast path**: ``decode: fast`` (:mod:`trace_train.fast_decode`) and ``loss_forward: shared_prefix``
-  (:mod:`trace_train.prefix_logprobs`).
+* **fast path**: ``decode: fast`` (:mod:`trace_train.tiny.fast_decode`) and ``loss_forward: shared_prefix``
+  (:mod:`trace_train.train.prefix_logprobs`).
 
 The runs alternate (today, fast, then fast, today with ``--rounds 2``, ...) so that both see the same load.
 Each run's ``train_log.csv`` splits a step into generation (the model writing turns), env (tool calls, the
@@ -86,9 +86,10 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from trace_train.grpo import TrainConfig, read_log, train
-    from trace_train.models import build_model, prompt_env_kwargs
-    from trace_train.pipeline_config import embedded_default
+    from trace_train.train.grpo import TrainConfig, read_log, train
+    from trace_train.tiny.build import build_model
+    from trace_train.tiny.metadata import prompt_env_kwargs
+    from trace_train.pipeline.config import embedded_default
 
     options = dict(embedded_default().train.options)
     options.pop("save_steps", None)

@@ -1,7 +1,7 @@
 """Greedy evaluation throughput of the tiny HFAgent: the fast decode path against today's path, in one run.
 
 Anchor: today's path, ``decode: hf`` (``model.generate`` with the per-conversation prefix cache), measured
-in the same run on the same episodes as ``decode: fast`` (:mod:`trace_train.fast_decode`). The default
+in the same run on the same episodes as ``decode: fast`` (:mod:`trace_train.tiny.fast_decode`). The default
 setting is the evaluation of ``trace run``'s embedded default: the airline target with the base's env
 kwargs (its three scenarios, no bundles, at most 16 turns), turns of at most ``base.max_new_tokens`` (96)
 tokens, 40 episodes with 40 in flight, greedy. Both paths play the same episodes (greedy, token-for-token
@@ -33,7 +33,7 @@ os.environ.setdefault("TRACE_REGISTRY", str(Path(__file__).resolve().parent.pare
 
 
 def main() -> None:
-    from trace_train.pipeline_config import embedded_default, parse_seeds
+    from trace_train.pipeline.config import embedded_default, parse_seeds
 
     default = embedded_default()
     target = default.rollout.targets[0]
@@ -54,7 +54,8 @@ def main() -> None:
 
     import trace_envs  # noqa: F401
     from trace_train.agents import HFAgent
-    from trace_train.models import build_model, model_env_kwargs, prompt_env_kwargs
+    from trace_train.tiny.build import build_model
+    from trace_train.tiny.metadata import model_env_kwargs, prompt_env_kwargs
     from trace_train.rollouts import run_rollouts
 
     model = args.model or str(build_model(args.preset, env_ids=[args.env]).path)

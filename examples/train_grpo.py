@@ -1,4 +1,4 @@
-"""One LoRA adapter per capability with GRPO: ``trace_train.grpo.train`` (what ``trace train`` runs).
+"""One LoRA adapter per capability with GRPO: ``trace_train.train.grpo.train`` (what ``trace train`` runs).
 
 CPU, the tiny offline model (no hub access; ~10 s per step of 8 short episodes on 2 idle cores). First a
 base that is sometimes right on the capability env: the bootstrap on the target plus a low share of the
@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("--vllm-mode", default="colocate", choices=["colocate", "server"])
     args = ap.parse_args()
 
-    from trace_train.grpo import TrainConfig, train
+    from trace_train.train.grpo import TrainConfig, train
 
     cfg = TrainConfig(env_ids=args.env or ["trace/precondition_verification-v1"],
                       env_kwargs={"difficulty": args.difficulty}, model=args.model, output_dir=args.out,

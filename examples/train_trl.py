@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="examples/warehouse_stock-v0", help="registered env id")
     p.add_argument("--model", default=None,
-                   help="a causal LM folder or hub id; default: the tiny offline model (trace_train.models)")
+                   help="a causal LM folder or hub id; default: the tiny offline model (trace_train.tiny)")
     p.add_argument("--seeds", type=int, default=256, help="task seeds: range(SEEDS), one dataset row each")
     p.add_argument("--num-generations", type=int, default=4, help="GRPO group size (rollouts per seed)")
     p.add_argument("--prompts-per-step", type=int, default=2, help="groups per optimiser step")
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 def tiny_model(env_id: str) -> str:
     """The tiny offline Qwen3 model (random init, TRL's Qwen3 chat template), built once and cached."""
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     return str(build_model("nano", env_ids=[env_id]).path)
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     entry = trace_envs.get_entry(args.env)
     env_kwargs: dict = {}
     if args.model is None:
-        from trace_train.models import prompt_env_kwargs
+        from trace_train.tiny.metadata import prompt_env_kwargs
 
         env_kwargs = prompt_env_kwargs(args.env)  # compact prompts where the env has them: a tiny context
         args.model = tiny_model(args.env)

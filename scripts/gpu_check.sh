@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of `trace train` (issue 15): 2 GRPO steps in bf16 on CUDA with a ~0.5B-parameter Qwen3 built
 # offline (Qwen3-0.6B's shape, random init) and the tiny model's tokenizer, through the same
-# trace_train.grpo.train code as the CPU runs. Prints seconds per step (with its phases) and peak GPU
+# trace_train.train.grpo.train code as the CPU runs. Prints seconds per step (with its phases) and peak GPU
 # memory; writes gpu_check.json, the run's train_log.csv and the log under $OUT when it is set.
 #
 #   bash scripts/gpu_check.sh            # bf16 + HF generation (the part that runs on a machine without vLLM)
@@ -47,8 +47,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from trace_train.grpo import TrainConfig, read_log, train
-from trace_train.models import build_model, prompt_env_kwargs
+from trace_train.train.grpo import TrainConfig, read_log, train
+from trace_train.tiny.build import build_model
+from trace_train.tiny.metadata import prompt_env_kwargs
 
 mode = sys.argv[1]
 out = Path(os.environ["OUT"])

@@ -50,9 +50,11 @@ def main() -> int:
     ap.add_argument("--name", default="embedded-default", help="folder name under trace_train/tiny/bases/")
     args = ap.parse_args()
 
-    from trace_train.models import BUILD_VERSION, bootstrap_model, model_metadata
-    from trace_train.pipeline_config import embedded_default
-    from trace_train.pipeline_stages import tiny_base_cache_dir, tiny_bootstrap_config
+    from trace_train.tiny.bootstrap import bootstrap_model
+    from trace_train.tiny.build import BUILD_VERSION
+    from trace_train.tiny.metadata import model_metadata
+    from trace_train.pipeline.config import embedded_default
+    from trace_train.pipeline.stages.base import tiny_base_cache_dir, tiny_bootstrap_config
 
     cfg = embedded_default()
     bcfg = tiny_bootstrap_config(cfg.base, cfg.rollout.targets[0])

@@ -172,7 +172,7 @@ class PlannedAgent:
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> str:
     """The `nano` tiny model, built offline from the worked example's text."""
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     return str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model",
                            env_ids=["examples/warehouse_stock-v0"], corpus_seeds=4).path)

@@ -34,7 +34,7 @@ def make_adapter(base: str, out, seed: int, r: int, targets=TARGETS, **extra) ->
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     torch.set_num_threads(1)
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     root = tmp_path_factory.mktemp("compose")
     base = str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model", env_ids=[ENV],
@@ -223,7 +223,7 @@ def test_save_load_round_trip_and_hash_check(setup, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
     AutoTokenizer.from_pretrained(str(out))  # the folder carries its tokenizer
-    from trace_train.models import model_metadata
+    from trace_train.tiny.metadata import model_metadata
 
     assert model_metadata(out) == model_metadata(base) != {}  # and the env kwargs its base was trained with
 

@@ -28,7 +28,7 @@ def run(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     root = tmp_path_factory.mktemp("compose_run")
     base = str(build_model("nano", out=root / "nano", env_ids=list(ENVS), corpus_seeds=2).path)

@@ -39,7 +39,7 @@ def test_circuit_copies_repeated_random_tokens_untrained(tokenizer):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trace_train.copy_circuit import CopyCircuit, copy_accuracy, install_copy_circuit
+    from trace_train.tiny.copy_circuit import CopyCircuit, copy_accuracy, install_copy_circuit
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def test_circuit_follows_two_tokens_of_context(tokenizer):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trace_train.copy_circuit import CopyCircuit, install_copy_circuit
+    from trace_train.tiny.copy_circuit import CopyCircuit, install_copy_circuit
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     model = Qwen3ForCausalLM(_config(tokenizer, circuit)).eval()
@@ -80,7 +80,7 @@ def test_circuit_follows_two_tokens_of_context(tokenizer):
 def test_circuit_survives_save_and_reload(tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
-    from trace_train.copy_circuit import CopyCircuit, copy_accuracy, install_copy_circuit
+    from trace_train.tiny.copy_circuit import CopyCircuit, copy_accuracy, install_copy_circuit
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     model = Qwen3ForCausalLM(_config(tokenizer, circuit))
@@ -102,7 +102,7 @@ def test_circuit_survives_save_and_reload(tokenizer, tmp_path):
 def test_config_that_cannot_hold_the_circuit_is_refused(tokenizer, override, message):
     from transformers import Qwen3ForCausalLM
 
-    from trace_train.copy_circuit import CopyCircuit, install_copy_circuit
+    from trace_train.tiny.copy_circuit import CopyCircuit, install_copy_circuit
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     config = _config(tokenizer, circuit, **override)
@@ -115,7 +115,7 @@ def test_build_model_wires_the_circuit_of_a_preset(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_train import models
-    from trace_train.copy_circuit import CopyCircuit, copy_accuracy
+    from trace_train.tiny.copy_circuit import CopyCircuit, copy_accuracy
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     preset = models.ModelPreset(vocab_size=1024, hidden_size=circuit.hidden_size, intermediate_size=96,
@@ -140,7 +140,8 @@ def test_frozen_circuit_survives_training(tokenizer):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trace_train.copy_circuit import CopyCircuit, circuit_gradient_masks, freeze_copy_circuit, install_copy_circuit
+    from trace_train.tiny.copy_circuit import (CopyCircuit, circuit_gradient_masks, freeze_copy_circuit,
+                                               install_copy_circuit)
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     config = _config(tokenizer, circuit)
@@ -191,9 +192,10 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trace_train.copy_circuit import CopyCircuit, circuit_gradient_masks, install_copy_circuit
+    from trace_train.tiny.copy_circuit import CopyCircuit, circuit_gradient_masks, install_copy_circuit
     from trace_train import models
-    from trace_train.models import LOCAL_WINDOW, _banded_window, local_attention_mass, sft_loss
+    from trace_train.tiny.bootstrap import LOCAL_WINDOW, _banded_window
+    from trace_train.tiny.sft_forward import local_attention_mass, sft_loss
 
     circuit = CopyCircuit(**CIRCUIT_KW)
     torch.manual_seed(0)

@@ -1,13 +1,13 @@
 """``decode: fast`` and ``loss_forward: shared_prefix``: the hand-written decode loop and the shared-prefix loss.
 
-* greedy decoding with :class:`trace_train.fast_decode.FastDecoder` gives ``generate``'s tokens, token for
+* greedy decoding with :class:`trace_train.tiny.fast_decode.FastDecoder` gives ``generate``'s tokens, token for
   token, on 20 prompts of a capability env (10 first turns, then their second turns, which reuse the
   stored keys/values of the first), with the ``tiny`` preset — except at a tie of the top two logits (within
   1e-4), which float rounding decides and where ``generate`` disagrees with the model's own uncached
   forward too; and an :class:`HFAgent` rollout plays the same episodes with either path;
 * with a LoRA (merged into the decoder's weights), sampled tokens carry the log-probabilities the policy
   gives them at that temperature, which is what TRL's loss recomputes;
-* :func:`trace_train.prefix_logprobs.shared_prefix_logprobs` gives the full forward's log-probs,
+* :func:`trace_train.train.prefix_logprobs.shared_prefix_logprobs` gives the full forward's log-probs,
   entropies and LoRA gradients on a left/right-padded batch that shares a prefix;
 * a GRPO step on the fast path logs the same loss and entropy as one with TRL's own loss forward.
 """
@@ -23,7 +23,7 @@ ENV = "trace/precondition_verification-v0"
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     path = build_model("tiny", out=tmp_path_factory.getbasetemp() / "tiny-fast", env_ids=[ENV], corpus_seeds=4).path
     return str(path), AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def nano(tmp_path_factory):
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     return str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-fast", env_ids=[ENV],
                            corpus_seeds=4).path)
@@ -41,7 +41,8 @@ def _first_prompts(tokenizer, seeds):
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_train.models import prompt_env_kwargs, render_prompt
+    from trace_train.tiny.metadata import prompt_env_kwargs
+    from trace_train.tiny.sft_data import render_prompt
 
     out = []
     for seed in seeds:
@@ -74,8 +75,8 @@ def _logits(model, ids):
 
 
 def test_greedy_decoding_matches_generate_token_for_token(tiny):
-    from trace_train.fast_decode import FastDecoder
-    from trace_train.models import render_prompt
+    from trace_train.tiny.fast_decode import FastDecoder
+    from trace_train.tiny.sft_data import render_prompt
 
     _, model, tok = tiny
     eos = _eos(tok)
@@ -111,7 +112,7 @@ def test_greedy_decoding_matches_generate_token_for_token(tiny):
 
 def test_an_hf_agent_plays_the_same_episodes_with_either_path(nano):
     from trace_train.agents import HFAgent
-    from trace_train.models import model_env_kwargs
+    from trace_train.tiny.metadata import model_env_kwargs
     from trace_train.rollouts import run_rollouts
 
     records = {}
@@ -144,7 +145,7 @@ def test_sampled_tokens_carry_the_policys_logprobs(nano):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_train.fast_decode import FastDecoder
+    from trace_train.tiny.fast_decode import FastDecoder
 
     tok = AutoTokenizer.from_pretrained(nano)
     model = _lora(AutoModelForCausalLM.from_pretrained(nano)).eval()
@@ -165,7 +166,7 @@ def test_shared_prefix_logprobs_and_gradients_match_the_full_forward(nano):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trace_train.prefix_logprobs import shared_prefix_logprobs
+    from trace_train.train.prefix_logprobs import shared_prefix_logprobs
 
     model = _lora(AutoModelForCausalLM.from_pretrained(nano), seed=1)
     gen = torch.Generator().manual_seed(0)
@@ -213,7 +214,7 @@ def test_shared_prefix_logprobs_and_gradients_match_the_full_forward(nano):
 def test_a_grpo_step_on_the_fast_path_logs_trls_loss_and_entropy(nano, tmp_path):
     from transformers import TrainerCallback
 
-    from trace_train.grpo import TrainConfig, train
+    from trace_train.train.grpo import TrainConfig, train
 
     class Logs(TrainerCallback):
         def __init__(self):

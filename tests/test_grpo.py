@@ -1,4 +1,4 @@
-"""``trace train`` / ``trace_train.grpo``: GRPO of a LoRA adapter on a capability env, on CPU.
+"""``trace train`` / ``trace_train.train.grpo``: GRPO of a LoRA adapter on a capability env, on CPU.
 
 The base is the nano Qwen3 given a short SFT warm-up (the bootstrap's own code) on one oracle episode of
 the capability env at difficulty 1, so that its rollouts on another seed are sometimes partly right
@@ -27,7 +27,8 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory) -> str:
-    from trace_train.models import BootstrapConfig, bootstrap_model, build_model
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.build import build_model
 
     base = build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-pv", env_ids=[ENV], corpus_seeds=4)
     result = bootstrap_model(BootstrapConfig(
@@ -38,7 +39,7 @@ def warm_model(tmp_path_factory) -> str:
 
 
 def _config(model: str, out: Path, **kw):
-    from trace_train.grpo import TrainConfig
+    from trace_train.train.grpo import TrainConfig
 
     settings = dict(env_ids=[ENV], env_kwargs={"difficulty": 1}, model=model, output_dir=str(out), max_steps=STEPS,
                     group_size=4, groups_per_step=1, learning_rate=2e-3, seed_offset=TRAIN_SEED, num_seeds=1,
@@ -50,7 +51,7 @@ def _config(model: str, out: Path, **kw):
 
 @pytest.fixture(scope="module")
 def reference_run(warm_model, tmp_path_factory):
-    from trace_train.grpo import train
+    from trace_train.train.grpo import train
 
     out = tmp_path_factory.mktemp("grpo-ref")
     return train(_config(warm_model, out, calibration_groups=1))
@@ -62,7 +63,7 @@ def test_run_writes_an_adapter_that_changes_the_model(warm_model, reference_run)
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from trace_train.grpo import read_log
+    from trace_train.train.grpo import read_log
 
     result = reference_run
     assert result.steps == STEPS
@@ -99,7 +100,7 @@ def test_interrupted_run_resumes_to_the_same_optimizer_state(warm_model, referen
     import torch
     from transformers import TrainerCallback
 
-    from trace_train.grpo import read_log, train
+    from trace_train.train.grpo import read_log, train
 
     class StopAfterStep2(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
@@ -142,7 +143,7 @@ def test_interrupted_run_resumes_to_the_same_optimizer_state(warm_model, referen
     ("epsilon_high", 0.1, ">= epsilon"),
 ])
 def test_bad_values_name_the_field_and_the_fix(field, value, fix, tmp_path):
-    from trace_train.grpo import ConfigError, TrainConfig
+    from trace_train.train.grpo import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError) as err:
         TrainConfig(env_ids=[ENV], model="m", output_dir=str(tmp_path), **{field: value})
@@ -152,7 +153,7 @@ def test_bad_values_name_the_field_and_the_fix(field, value, fix, tmp_path):
 def test_bad_config_fails_before_any_model_loads(tmp_path, monkeypatch):
     import transformers
 
-    from trace_train.grpo import ConfigError, TrainConfig, train
+    from trace_train.train.grpo import ConfigError, TrainConfig, train
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was checked")

@@ -1,4 +1,4 @@
-"""TRACE's GRPO rollout function (``trace_train.grpo.GroupRollouts``) without a model: real envs, a scripted
+"""TRACE's GRPO rollout function (``trace_train.train.grpo.GroupRollouts``) without a model: real envs, a scripted
 batched policy in place of the model's ``HFAgent`` (the one hook it has for that), a real tokenizer.
 
 * every member of a group plays the group's seed; tokens come back as TRL's ``rollout_func`` wants them
@@ -42,14 +42,14 @@ class ScriptedPolicy:
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     return AutoTokenizer.from_pretrained(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-pv",
                                                      env_ids=[ENV], corpus_seeds=4).path)  # test_grpo's base
 
 
 def _run(tokenizer, seeds: list[int], rows: list[dict] | None = None, **kw):
-    from trace_train.grpo import GroupRollouts, TrainConfig, env_kwargs_for
+    from trace_train.train.grpo import GroupRollouts, TrainConfig, env_kwargs_for
 
     cfg = TrainConfig(env_ids=[ENV], env_kwargs={"difficulty": 1, "prompt": "compact"}, model="unused",
                       output_dir="unused", group_size=4, groups_per_step=len(seeds), max_steps=2, **kw)

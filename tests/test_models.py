@@ -16,7 +16,7 @@ SCENARIO_ENV = "tests/scenario_warehouse-v0"
 
 def nano_model(tmp_path_factory) -> str:
     """The nano model, built once per test session (later calls are cache hits)."""
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     out = tmp_path_factory.getbasetemp() / "nano-model"
     return str(build_model("nano", out=out, env_ids=[EXAMPLE], corpus_seeds=4).path)
@@ -44,7 +44,8 @@ def test_build_reloads_offline_with_trl_template(model_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.chat_template_utils import add_response_schema, get_training_chat_template, parse_response
 
-    from trace_train.models import build_model, qwen3_chat_template
+    from trace_train.tiny.build import build_model
+    from trace_train.tiny.tokenizer import qwen3_chat_template
 
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -91,7 +92,7 @@ def test_build_reloads_offline_with_trl_template(model_dir, tmp_path_factory):
 
 
 def test_cache_key_follows_content(tmp_path):
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     a = build_model("nano", env_ids=[EXAMPLE], corpus_seeds=2, out=tmp_path / "a")
     os.environ["TRACE_CACHE"], old = str(tmp_path / "cache"), os.environ.get("TRACE_CACHE")
@@ -113,7 +114,7 @@ def test_cache_key_follows_content(tmp_path):
 
 
 def test_oracle_trajectories_leave_out_scenarios():
-    from trace_train.models import oracle_trajectories
+    from trace_train.tiny.sft_data import oracle_trajectories
 
     _register_scenario_env()
     records, counts = oracle_trajectories(SCENARIO_ENV, range(40), exclude_scenarios=["kitchen"])
@@ -124,7 +125,8 @@ def test_oracle_trajectories_leave_out_scenarios():
 
 
 def test_oracle_trajectories_keep_a_share_of_a_family():
-    from trace_train.models import BootstrapConfig, oracle_trajectories
+    from trace_train.tiny.bootstrap import BootstrapConfig
+    from trace_train.tiny.sft_data import oracle_trajectories
 
     _register_scenario_env()
     full, full_counts = oracle_trajectories(SCENARIO_ENV, range(200))
@@ -144,7 +146,7 @@ def test_sft_segments_match_inference_prompts(model_dir):
     from transformers import AutoTokenizer
 
     from trace_envs import OracleAgent, rollout
-    from trace_train.models import render_prompt, sft_rows, sft_segments
+    from trace_train.tiny.sft_data import render_prompt, sft_rows, sft_segments
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     record = rollout(EXAMPLE, OracleAgent(), seed=3)
@@ -177,7 +179,8 @@ def test_shared_prefix_loss_is_exact(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_envs import OracleAgent, rollout
-    from trace_train.models import sft_loss, sft_rows, shared_prefix_length
+    from trace_train.tiny.sft_data import sft_rows, shared_prefix_length
+    from trace_train.tiny.sft_forward import sft_loss
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     records = [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (1, 2, 5)]
@@ -218,7 +221,8 @@ def test_last_layer_at_targets_only_is_exact(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_envs import OracleAgent, rollout
-    from trace_train.models import _targets_only_supported, sft_loss, sft_rows, shared_prefix_length
+    from trace_train.tiny.sft_data import sft_rows, shared_prefix_length
+    from trace_train.tiny.sft_forward import _targets_only_supported, sft_loss
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows, _, _ = sft_rows(tok, [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (3, 4, 7)], max_length=4096)
@@ -246,7 +250,9 @@ def test_pretraining_loss_is_the_conversation_alone_on_every_token(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_envs import OracleAgent, rollout
-    from trace_train.models import BootstrapConfig, sft_loss, sft_rows, shared_prefix_length
+    from trace_train.tiny.bootstrap import BootstrapConfig
+    from trace_train.tiny.sft_data import sft_rows, shared_prefix_length
+    from trace_train.tiny.sft_forward import sft_loss
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows, _, _ = sft_rows(tok, [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (1, 2)], max_length=4096)
@@ -285,7 +291,8 @@ def test_ids_tokenize_the_same_in_prose_and_in_tool_calls(model_dir):
 def test_bootstrap_trains_and_saves(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from trace_train.models import BootstrapConfig, bootstrap_model, model_env_kwargs, model_metadata
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.metadata import model_env_kwargs, model_metadata
 
     _register_scenario_env()
     seen = []
@@ -312,7 +319,8 @@ def test_bootstrap_trains_and_saves(model_dir, tmp_path):
 
 def test_bootstrap_stops_on_its_time_budget(model_dir, tmp_path):
     """With ``max_seconds`` the run ends when the training time is spent; checkpoints follow that time."""
-    from trace_train.models import BootstrapConfig, bootstrap_model, model_metadata
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.metadata import model_metadata
 
     _register_scenario_env()
     calls = []
@@ -336,7 +344,8 @@ def test_teacher_forced_turns_counts_exact_turns(model_dir, tmp_path):
     random base model reproduces none. The worked example's oracle only calls tools (no message turns)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_train.models import BootstrapConfig, bootstrap_model, oracle_trajectories, teacher_forced_turns
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.sft_data import oracle_trajectories, teacher_forced_turns
 
     records, _ = oracle_trajectories(EXAMPLE, [7])
     n_calls = sum(m["role"] == "assistant" for m in records[0]["messages"])
@@ -383,7 +392,7 @@ def test_env_accepts_follows_a_constructor_that_hands_its_kwargs_on():
     """Structured data reasoning's ``__init__(*args, **kwargs)`` hands them to CapabilityEnv, which has no
     ``scenarios``: the target's ``scenarios`` must not be passed to it (a base warmed up on the target would
     otherwise crash every rollout in a generated structured-data-reasoning env)."""
-    from trace_train.models import env_accepts
+    from trace_train.tiny.metadata import env_accepts
 
     for env_id in ("trace/structured_data_reasoning-v0", "trace/tool_calling_precision-v0"):
         assert not env_accepts(env_id, "scenarios"), env_id

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trace_train.cli import main
-from trace_train.pipeline_config import ConfigError, config_from_dict, embedded_default, load_config
+from trace_train.pipeline.config import ConfigError, config_from_dict, embedded_default, load_config
 
 SCRIPTED = {"kind": "scripted", "agent": "tau:noisy",
             "agent_kwargs": {"p": 0.7, "capabilities": ["multi_step_completion", "tool_calling_precision"]}}
@@ -166,7 +166,7 @@ def test_an_interrupted_rollout_stage_resumes_inside(tmp_path, capsys):
 def test_stages_whose_part_is_missing_are_marked_in_the_plan_and_the_report(tmp_path, monkeypatch):
     """Without the generator and the trainer, the run still goes to the end: those stages are recorded as
     unavailable (never faked), and every results row they would have fed is kept and marked so."""
-    from trace_train import pipeline
+    from trace_train.pipeline import runner as pipeline
     from trace_train.report import build_document
 
     original = pipeline._stage_list
@@ -210,7 +210,7 @@ def test_an_adapter_with_a_zero_update_reuses_the_base_episodes_which_are_its_ow
 
     from trace_train.agents import HFAgent
     from trace_train.pipeline import Context
-    from trace_train.pipeline_stages import SAME_AS_BASE_NOTE, run_evaluate
+    from trace_train.pipeline.stages.evaluate import SAME_AS_BASE_NOTE, run_evaluate
     from trace_train.rollouts import read_trajectories, run_rollouts
 
     env, seeds = "examples/warehouse_stock-v0", [0, 1]
@@ -248,7 +248,7 @@ def test_rollout_workers_split_the_seeds_and_play_the_episodes_one_process_plays
     """rollout.workers: 2 rolls the base out in two processes, each on half the seeds, joined into one file;
     the episodes are the ones a single process plays."""
     from trace_train.pipeline import Context
-    from trace_train.pipeline_stages import run_rollout
+    from trace_train.pipeline.stages.rollout import run_rollout
     from trace_train.rollouts import read_trajectories
 
     runs = {}
@@ -268,7 +268,7 @@ def test_rollout_workers_split_the_seeds_and_play_the_episodes_one_process_plays
 
 
 def test_only_the_last_rounds_jobs_are_split_and_a_whole_output_is_never_split(tmp_path):
-    from trace_train.pipeline_stages import _split_last_round
+    from trace_train.pipeline.stages.evaluate import _split_last_round
 
     jobs = [{"key": k, "seeds": list(range(10)), "out": tmp_path / f"{k}.jsonl"} for k in "abc"]
     groups = _split_last_round(jobs, 2)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trace_train.pipeline import Pipeline
-from trace_train.pipeline_config import config_from_dict
+from trace_train.pipeline.config import config_from_dict
 
 CONFIG = Path(__file__).parent.parent / "examples" / "configs" / "swe.yaml"
 

@@ -114,7 +114,7 @@ def test_gym_make_of_a_generated_id_is_the_proxy_and_never_imports_the_module(tm
     entry = trace_envs.get_entry(env_id)
     assert entry.sandbox and entry.generated
     # what the trainer reads of the class (the hint text, the constructor's arguments) without importing it
-    from trace_train.models import env_accepts
+    from trace_train.tiny.metadata import env_accepts
     from trace_envs.capabilities.precondition_verification import PreconditionVerificationEnv
 
     cls = entry.load_class()

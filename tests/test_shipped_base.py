@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from trace_train.pipeline_config import embedded_default
-from trace_train.pipeline_stages import _cached_base, tiny_base_cache_dir, tiny_bootstrap_config
+from trace_train.pipeline.config import embedded_default
+from trace_train.pipeline.stages.base import _cached_base, tiny_base_cache_dir, tiny_bootstrap_config
 from trace_train.tiny.shipped import find_shipped_base, install_shipped_base, shipped_bases
 
 
@@ -47,7 +47,7 @@ def test_the_shipped_base_loads_offline_and_writes_a_tool_call():
     meta = json.loads((shipped.path / "trace_model.json").read_text())
     assert meta["bootstrap"]["steps"] == shipped.recipe["bootstrap"]["steps"]
     # TRL's Qwen3 chat template, byte for byte, so TRL's tool-call parser works on it.
-    from trace_train.models import qwen3_chat_template
+    from trace_train.tiny.tokenizer import qwen3_chat_template
 
     assert tok.chat_template == qwen3_chat_template()
     ids = tok("<|im_start|>assistant\n", return_tensors="pt").input_ids
@@ -73,7 +73,7 @@ def test_install_copies_it_into_the_cache_and_a_changed_recipe_warms_up_instead(
 
 def test_the_base_stage_estimate_says_shipped_or_warm_up(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACE_CACHE", str(tmp_path))
-    from trace_train.pipeline_stages import estimate_base
+    from trace_train.pipeline.stages.base import estimate_base
 
     class Ctx:
         def __init__(self, cfg):

@@ -17,7 +17,7 @@ ENVS = ["trace/precondition_verification-v0", "trace/multi_step_completion-v0"]
 
 @pytest.fixture(scope="module")
 def nano(tmp_path_factory) -> str:
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     return str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-caps", env_ids=ENVS,
                            corpus_seeds=2).path)
@@ -39,7 +39,7 @@ def _changes_outputs(base: str, adapter: str) -> float:
 @pytest.mark.slow
 def test_multi_capability_grpo_plays_every_env(nano, tmp_path, capsys):
     from trace_train.cli import main
-    from trace_train.grpo import read_log
+    from trace_train.train.grpo import read_log
 
     out = tmp_path / "multi"
     code = main(["train", *[a for e in ENVS for a in ("--env", e)], "--model", nano, "--out", str(out),
@@ -58,7 +58,7 @@ def test_multi_capability_grpo_plays_every_env(nano, tmp_path, capsys):
 
 
 def test_sft_baseline_trains_a_lora_on_the_oracle_episodes(nano, tmp_path):
-    from trace_train.grpo import TrainConfig, train
+    from trace_train.train.grpo import TrainConfig, train
 
     cfg = TrainConfig(env_ids=ENVS, env_kwargs={"difficulty": 1}, model=nano, output_dir=str(tmp_path / "sft"),
                       sft=True, sft_episodes=2, sft_steps=6, sft_batch_size=2, sft_lr=1e-2, lora_r=4, lora_alpha=8,
@@ -78,12 +78,12 @@ def test_calibration_warns_with_the_figures_and_the_knob(nano, tmp_path, caplog)
     """A random base is never right: the calibration before training says so, with what to turn."""
     import logging
 
-    from trace_train.grpo import TrainConfig, calibrate, env_kwargs_for
+    from trace_train.train.grpo import TrainConfig, calibrate, env_kwargs_for
 
     cfg = TrainConfig(env_ids=ENVS[:1], env_kwargs={"difficulty": 1}, model=nano, output_dir=str(tmp_path),
                       group_size=2, calibration_groups=1, max_turn_tokens=8, max_tool_calling_iterations=2,
                       progress=False)
-    with caplog.at_level(logging.WARNING, logger="trace_train.grpo"):
+    with caplog.at_level(logging.WARNING, logger="trace_train.train"):
         report = calibrate(cfg, {ENVS[0]: env_kwargs_for(cfg, ENVS[0])}, "cpu")
     assert report[ENVS[0]]["informative"] == 0.0 and report[ENVS[0]]["groups"] == 1
     message = caplog.text

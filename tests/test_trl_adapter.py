@@ -62,7 +62,7 @@ def test_import_does_not_pull_torch_trl_or_transformers():
 
 @pytest.mark.parametrize("env_id", _schema_env_ids())
 def test_tool_methods_render_the_env_schemas(env_id):
-    from trace_train.models import qwen3_chat_template
+    from trace_train.tiny.tokenizer import qwen3_chat_template
 
     cls = adapter.environment_factory(env_id)  # installs the schema hook
     from transformers.utils import chat_template_utils as ctu
@@ -326,7 +326,7 @@ def trace_cache(tmp_path_factory):
 def _grpo_env_kwargs(env_id: str) -> dict:
     """Small episodes for a CPU test: the compact policy (τ² envs) and the easiest difficulty, where the
     env has those switches (it gets the registry's defaults otherwise)."""
-    from trace_train.models import env_accepts, prompt_env_kwargs
+    from trace_train.tiny.metadata import env_accepts, prompt_env_kwargs
 
     return {**prompt_env_kwargs(env_id), **({"difficulty": 1} if env_accepts(env_id, "difficulty") else {})}
 
@@ -366,7 +366,7 @@ def _shortest_scoring_episode(env_id: str, seed: int, env_kwargs: dict) -> dict:
 def _episode_tokens(tokenizer, record: dict, factory: type) -> tuple[list[int], list[int], int]:
     """(ids, labels, completion tokens) of an episode rendered as a TRL rollout through the adapter takes it
     (its tools in TRL's order, messages to the user as ``send_message_to_user`` calls), whole: no turn left out."""
-    from trace_train.models import sft_rows
+    from trace_train.tiny.sft_data import sft_rows
 
     trl_record = {**record, "messages": adapter.to_trl_messages(record["messages"], record["termination"]),
                   "tools": adapter.trl_tool_schemas(factory)}
@@ -390,7 +390,7 @@ def _warm_model(env_id: str, factory: type, env_kwargs: dict) -> tuple[Path, lis
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_train.models import build_model
+    from trace_train.tiny.build import build_model
 
     base = build_model("nano", env_ids=[env_id], corpus_seeds=4)
     tokenizer = AutoTokenizer.from_pretrained(base.path)

@@ -14,7 +14,7 @@ plus an optional ``reset(env, observation, info)`` — and add ``act_batch(obser
 * :class:`HFAgent` renders the conversation with the tokenizer's chat template (``tools=``) and generates
   for a whole batch of environments at once, optionally through a PEFT adapter or an already-loaded (e.g.
   composed) model: with one ``generate`` call (left padding), or, for the tiny Qwen3 models, with the
-  hand-written loop of :mod:`trace_train.fast_decode` (``decode``).
+  hand-written loop of :mod:`trace_train.tiny.fast_decode` (``decode``).
 
 Both keep token accounting in ``agent.stats``. ``torch``, ``transformers`` and ``openai`` are imported
 when an agent is built, never at module import.
@@ -292,7 +292,7 @@ class HFAgent:
             tokens of the next prompt (the conversation grows by a few tokens a turn, so this removes
             most of the prompt encoding). Up to ``2 * batch_size`` conversations are kept.
         name: agent name in trajectories (default: the model folder's name).
-        decode: ``hf`` generates with ``model.generate``; ``fast`` with :class:`trace_train.fast_decode.FastDecoder`
+        decode: ``hf`` generates with ``model.generate``; ``fast`` with :class:`trace_train.tiny.fast_decode.FastDecoder`
             (a hand-written loop for Qwen3-architecture models, optionally with a PEFT LoRA: the prefix the
             batch shares is attended once for all rows, tested token-for-token against ``generate``), and with
             ``generate`` (and a warning) for a model it does not take, e.g. a composed one; ``auto`` (default)
@@ -361,7 +361,7 @@ class HFAgent:
         self.top_k = top_k
         self.decoder = None  # a FastDecoder when decoding the fast way
         self.last_logprobs: list[list[float]] = []  # fast decoding: per row of the last call, its tokens' logprobs
-        from . import fast_decode
+        from .tiny import fast_decode
 
         use_fast = decode == "auto" and str(device).startswith("cpu") and fast_decode.auto_applies(self.model)
         if decode == "fast":
@@ -463,7 +463,7 @@ class HFAgent:
         return text
 
     def _generate_fast(self, prompts: list[str]) -> list[str]:
-        """One turn per prompt with :class:`~trace_train.fast_decode.FastDecoder`."""
+        """One turn per prompt with :class:`~trace_train.tiny.fast_decode.FastDecoder`."""
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompts)
         top_k = self.top_k

@@ -104,7 +104,7 @@ def _target_env(data: dict, cap: dict) -> str | None:
 def _request_families(record: dict) -> list[str]:
     """The request families of a trajectory's task: ``task.families``; for a record written before those were
     recorded, its ``scenario`` label (a ``bundle:a+b`` label names its families, any other label is one)."""
-    from trace_train.models import scenario_families
+    from trace_train.tiny.sft_data import scenario_families
 
     task = record.get("task") or {}
     if task.get("families"):

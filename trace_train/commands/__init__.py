@@ -18,31 +18,13 @@ Rules for a command module:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable
+
+from trace_train.text_table import format_table  # noqa: F401 - the verbs print their tables with it
 
 
 class CommandError(Exception):
     """A user-facing error: printed as ``trace: error: <message>``, exit status 2 (no traceback)."""
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty: str = "-") -> str:
-    """Plain, left-aligned text columns (readable in any terminal and in logs).
-
-    ``None`` and empty values are shown as ``empty``; lists and tuples are joined with commas.
-    """
-
-    def cell(value: object) -> str:
-        if value is None or value == "" or value == () or value == []:
-            return empty
-        if isinstance(value, (list, tuple)):
-            return ",".join(str(v) for v in value)
-        return str(value)
-
-    table = [[str(h) for h in headers]] + [[cell(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def parse_key_values(pairs: Iterable[str], flag: str) -> dict:

@@ -235,7 +235,7 @@ def _model_agent(args):
         if not path or not Path(path).exists():
             raise CommandError(f"--agent {spec}: no such model folder {path!r}")
         from trace_train.agents import HFAgent
-        from trace_train.models import model_env_kwargs
+        from trace_train.tiny.metadata import model_env_kwargs
 
         agent = HFAgent(path, adapter=args.adapter, threads=args.threads, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, seed=args.agent_seed)
@@ -264,7 +264,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     env_kwargs = parse_key_values(args.env_kwarg, "--env-kwarg")
     agent_kwargs = parse_key_values(args.agent_kwarg, "--agent-kwarg")
     if args.difficulty is not None:
-        from trace_train.models import env_accepts
+        from trace_train.tiny.metadata import env_accepts
 
         if not env_accepts(entry.id, "difficulty"):
             raise CommandError(f"{entry.id} has no difficulty knob (its constructor takes no `difficulty`)")

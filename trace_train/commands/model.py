@@ -90,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_build(args) -> int:
     trace_envs = load_registries(args.registry)
-    from trace_train.models import PRESETS, build_model, model_metadata
+    from trace_train.tiny.build import PRESETS, build_model
+    from trace_train.tiny.metadata import model_metadata
 
     if args.preset not in PRESETS:
         raise CommandError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
@@ -126,7 +127,7 @@ def _from_recipe(args):
     import json
     from pathlib import Path
 
-    from trace_train.models import BootstrapConfig
+    from trace_train.tiny.bootstrap import BootstrapConfig
 
     try:
         recipe = json.loads(Path(args.recipe).read_text())
@@ -145,7 +146,7 @@ def _from_recipe(args):
 def cmd_bootstrap(args) -> int:
     trace_envs = load_registries(args.registry)
     if args.recipe:
-        from trace_train.models import bootstrap_model
+        from trace_train.tiny.bootstrap import bootstrap_model
 
         cfg = _from_recipe(args)
         check_env_ids(trace_envs, [cfg.target])
@@ -157,7 +158,8 @@ def cmd_bootstrap(args) -> int:
     if not args.target:
         raise CommandError("give --target ID (the env whose oracle is imitated) or --recipe FILE")
     check_env_ids(trace_envs, [args.target])
-    from trace_train.models import PRESETS, BootstrapConfig, bootstrap_model
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.build import PRESETS
 
     mixture = _shares(args.mix, "--mix", "ENV=SHARE", "trace/precondition_verification-v1=0.05")
     check_env_ids(trace_envs, list(mixture))

@@ -103,7 +103,7 @@ def make_cli_agent(args):
         if not Path(args.model).exists():
             raise CommandError(f"--model {args.model}: no such folder")
         from trace_train.agents import HFAgent
-        from trace_train.models import model_env_kwargs
+        from trace_train.tiny.metadata import model_env_kwargs
 
         agent = HFAgent(args.model, adapter=args.adapter, threads=args.threads, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, decode=args.decode)

@@ -10,7 +10,7 @@
 Everything goes into one run directory (``stages.json``, one folder per stage, ``report.md`` and a
 self-contained ``report.html``). Running the same command again after an interruption resumes: finished
 stages whose inputs did not change are skipped, and the interrupted stage continues where it can.
-The config schema is documented in :mod:`trace_train.pipeline_config` and ``examples/configs/README.md``.
+The config schema is documented in :mod:`trace_train.pipeline.config` and ``examples/configs/README.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_run_config(path: str | None, out: str | None):
-    from trace_train.pipeline_config import ConfigError, embedded_default, load_config
+    from trace_train.pipeline.config import ConfigError, embedded_default, load_config
 
     try:
         return load_config(path, out=out) if path else embedded_default(out=out)
@@ -45,7 +45,7 @@ def load_run_config(path: str | None, out: str | None):
 
 def cmd_run(args) -> int:
     from trace_train.pipeline import Pipeline, PipelineError, format_plan
-    from trace_train.pipeline_config import ConfigError
+    from trace_train.pipeline.config import ConfigError
 
     cfg = load_run_config(args.config, args.out)
     pipeline = Pipeline(cfg, progress=not args.no_progress)

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def build_config(args):
     """The ``TrainConfig`` of a ``trace train`` command line (``--config``, then the flags on top)."""
-    from trace_train.train_config import ConfigError, TrainConfig
+    from trace_train.train.config import ConfigError, TrainConfig
 
     overrides = parse_key_values(args.sets, "--set")
     env_kwargs = parse_key_values(args.env_kwarg, "--env-kwarg")
@@ -91,14 +91,14 @@ def build_config(args):
 
 def cmd_train(args) -> int:
     if args.help_config:
-        from trace_train.train_config import TrainConfig
+        from trace_train.train.config import TrainConfig
 
         print(TrainConfig.help())
         return 0
     load_registries(args.registry)
     cfg = build_config(args)
-    from trace_train.grpo import train
-    from trace_train.train_config import ConfigError
+    from trace_train.train.grpo import train
+    from trace_train.train.config import ConfigError
 
     try:
         result = train(cfg)

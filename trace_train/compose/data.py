@@ -2,7 +2,7 @@
 
 The router of stage four trains on successful trajectories (JSONL, DESIGN.md "Trajectories"). Each
 episode becomes one sequence rendered with the tokenizer's chat template exactly as the model sees it
-at inference (the same rendering as the SFT warm-up, :func:`trace_train.models.sft_segments`), with per
+at inference (the same rendering as the SFT warm-up, :func:`trace_train.tiny.sft_data.sft_segments`), with per
 token: whether it is an assistant token (a next-token target), the role of its message (``system``,
 ``user``, ``assistant``, ``tool``; the routing statistics are kept per role) and, for the label loss,
 the slot of the adapter whose capability env produced the episode.

@@ -1,9 +1,9 @@
 """Warmed-up tiny bases shipped with the project, so that ``trace run`` needs no warm-up.
 
 Each folder under ``trace_train/tiny/bases/`` is a complete model folder (``model.safetensors``, the
-tokenizer, ``trace_model.json``) plus ``recipe.json``: the :class:`~trace_train.models.BootstrapConfig`
-that made it, the cache name that recipe gives (:func:`trace_train.pipeline_stages.tiny_base_cache_dir`:
-a hash of the recipe and :data:`~trace_train.models.BUILD_VERSION`), how long it trained, and what it
+tokenizer, ``trace_model.json``) plus ``recipe.json``: the :class:`~trace_train.tiny.bootstrap.BootstrapConfig`
+that made it, the cache name that recipe gives (:func:`trace_train.pipeline.stages.base.tiny_base_cache_dir`:
+a hash of the recipe and :data:`~trace_train.tiny.build.BUILD_VERSION`), how long it trained, and what it
 solves. The base stage installs a shipped base into the model cache when its cache name equals the one
 the run's ``base.bootstrap`` gives, so the same config gives the same base on every machine; any other
 recipe warms up a new base as before.

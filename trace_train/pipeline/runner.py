@@ -24,7 +24,7 @@ A stage whose part of TRACE is missing from this installation is recorded as ``u
 reason, in the plan and in the report; nothing stands in for it.
 
     from trace_train.pipeline import Pipeline
-    from trace_train.pipeline_config import load_config
+    from trace_train.pipeline.config import load_config
     Pipeline(load_config("examples/configs/gpu_qwen3.yaml")).run()
 """
 
@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .pipeline_config import STAGES, ConfigError, RunConfig, dump_config
+from ..text_table import format_table
+from .config import STAGES, ConfigError, RunConfig, dump_config
 
 logger = logging.getLogger(__name__)
 
@@ -167,10 +168,10 @@ class Context:
         return Path(ws) if ws else self.path("workspace")
 
 
-# The stage implementations live in trace_train.pipeline_stages; they are imported lazily so that
-# `trace run --help` and `--dry-run` stay fast.
+# The stage implementations live in trace_train.pipeline.stages, one module each; they are imported lazily so
+# that `trace run --help` stays fast.
 def _stage_list() -> list[Stage]:
-    from . import pipeline_stages as s
+    from . import stages as s
 
     return [
         Stage("base", (), "prepare the base agent (the tiny model's warm-up is cached by content)",
@@ -184,7 +185,8 @@ def _stage_list() -> list[Stage]:
               s.run_generate, s.estimate_generate, _module_missing("generators", "generate", "issue 14"),
               owns=("generate", "workspace")),
         Stage("train", ("base", "diagnose", "generate"), "GRPO: one LoRA adapter per capability, and the baselines",
-              s.run_train, s.estimate_train, _module_missing("trace_train.grpo", "train", "issue 15"), owns=("train",)),
+              s.run_train, s.estimate_train, _module_missing("trace_train.train.grpo", "train", "issue 15"),
+              owns=("train",)),
         Stage("compose", ("base", "train"), "token-level top-1 MoE over the adapters, merges, per-episode routing",
               s.run_compose, s.estimate_compose, _module_missing("trace_train.compose", "compose", "issue 16"),
               owns=("compose",)),
@@ -391,20 +393,13 @@ class Pipeline:
 
     def write_report(self) -> tuple[Path | None, Path | None]:
         """Write ``report.md`` and ``report.html`` from what the run directory holds now."""
-        from .report import write_report
+        from .stages.report import run_report
 
-        try:
-            paths = write_report(self.run_dir)
-        except Exception:  # a report must never hide the stage error that got us here
-            logger.exception("could not write the report of %s", self.run_dir)
-            return None, None
-        return paths.markdown, paths.html
+        return run_report(self.run_dir)
 
 
 def format_plan(rows: list[PlanRow]) -> str:
     """The plan as a text table, with the total of the estimates."""
-    from .commands import format_table
-
     def est(s: float | None) -> str:
         if s is None:
             return "-"

@@ -1,0 +1,329 @@
+"""The ``evaluate`` stage: every method on the held-out target seeds -> ``eval/<method>/``, ``eval/results.json``.
+
+The process pool that runs methods side by side (:func:`_run_method_rollouts`, :func:`_worker_pool`) lives here
+for now; the rollout and train stages use it too. It moves into the rollout backend (one seam, ``local`` and
+``ray``) with the Ray issue.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ..config import parse_seeds
+from .common import (_fast_decode, _selected, _tiny_episodes_seconds, base_agent_factory, base_env_kwargs_fn,
+                     base_model_path, model_env_kwargs_fn)
+
+logger = logging.getLogger(__name__)
+
+
+def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
+    """The methods to evaluate, as ``(key, label, make_agent, rollouts_spent, note)``; ``make_agent`` is None
+    for a method this run does not have (``note`` says why)."""
+    from trace_train.agents import HFAgent
+
+    e, b = ctx.cfg.evaluate, ctx.cfg.base
+    model = base_model_path(ctx)
+    train = ctx.summary("train") if ctx.done("train") else {}
+    comp = ctx.summary("compose") if ctx.done("compose") else {}
+    spent = train.get("rollouts", {})
+    adapters = train.get("adapters", {})
+    total_adapter_rollouts = sum(spent.get(c, 0) for c in adapters)
+
+    def hf(path: str, adapter: str | None = None):
+        # A partial of the class, not a closure: it pickles, so evaluate.workers can build it in a worker process.
+        return functools.partial(HFAgent, path, adapter=adapter, threads=b.threads, device=b.device,
+                                 max_new_tokens=b.max_new_tokens, temperature=e.temperature, seed=ctx.cfg.seed,
+                                 decode=b.decode)
+
+    def why_missing(stage: str) -> str:
+        entry = ctx.state["stages"].get(stage, {})
+        status = entry.get("status", "pending")
+        if status == "unavailable":
+            return f"not in this run: the {stage} stage is not available in this build"
+        if status != "done":
+            return f"not in this run: the {stage} stage did not finish ({status})"
+        return f"not in this run: the {stage} stage produced none"
+
+    def compose_missing(detail: str) -> str:
+        """Why a row built by the compose stage is absent: that stage, or the training before it, or ``detail``."""
+        if not ctx.done("compose"):
+            return why_missing("compose")
+        if not adapters:
+            return why_missing("train") if not ctx.done("train") else "not in this run: no adapter was trained"
+        return detail
+
+    rows: list[tuple[str, str, Any, int, str]] = []
+    wanted = set(e.methods)
+    if "base" in wanted:
+        rows.append(("base", "base", base_agent_factory(ctx, e.temperature), 0, ""))
+    if "sft" in wanted:
+        a = train.get("baselines", {}).get("sft")
+        rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("sft", 0),
+                     "" if a else why_missing("train")))
+    if "adapters" in wanted:
+        if adapters:
+            for cap, a in adapters.items():
+                rows.append((f"adapter:{cap}", f"single adapter: {cap}", hf(model, a), spent.get(cap, 0), ""))
+        else:
+            rows.append(("adapters", "single-capability adapters", None, 0, why_missing("train")))
+    if "multi" in wanted:
+        a = train.get("baselines", {}).get("multi")
+        note = "" if a else (why_missing("train") if not adapters else "not in this run: needs ≥ 2 capabilities")
+        rows.append(("multi", "multi-capability GRPO (one adapter)", hf(model, a) if a else None,
+                     spent.get("multi", 0), note))
+    methods = comp.get("methods", {})
+    for method in ("linear", "ties"):
+        if f"merge_{method}" in wanted:
+            m = methods.get(method)
+            note = "" if m else compose_missing(
+                f"not in this run: the {method} merge was not built (see the compose log)"
+                if method in ctx.cfg.compose.merges else "not in this run: not in compose.merges")
+            rows.append((f"merge_{method}", f"merge ({method})", hf(m["model"], m["adapter"]) if m else None,
+                         total_adapter_rollouts, note))
+    if "per_episode" in wanted:
+        p = methods.get("per_episode")
+        note = "" if p else compose_missing("not in this run: needs ≥ 2 adapters and compose.per_episode")
+        rows.append(("per_episode", "per-episode routing", hf(p["model"], p["adapter"]) if p else None,
+                     total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
+    if "trace_moe" in wanted:
+        moe = methods.get("composed")
+        rows.append(("trace_moe", "TRACE MoE (token-level top-1)", hf(moe["model"], moe["adapter"]) if moe else None,
+                     total_adapter_rollouts + int(comp.get("router_episodes", 0)),
+                     "" if moe else compose_missing("not in this run: the compose stage produced none")))
+    return rows
+
+
+def run_evaluate(ctx) -> tuple[list[str], dict]:
+    from trace_train.evaluate import compare, evaluate
+
+    e, r = ctx.cfg.evaluate, ctx.cfg.rollout
+    seeds = parse_seeds("evaluate.seeds", e.seeds)
+    model = base_model_path(ctx)
+    if (ctx.workspace / "registry.yaml").exists():
+        import trace_envs
+
+        trace_envs.load_registry(str(ctx.workspace))
+    results: dict[str, dict] = {}
+    base_traj = ctx.path("eval", "base", "trajectories.jsonl")
+    rows = method_agents(ctx)
+    same_as_base = _same_weights_as_base(ctx, [key for key, _, make, _, _ in rows if make is not None])
+    jobs = []
+    for key, label, make, spent, note in rows:
+        if make is None or key in same_as_base:
+            continue
+        kwargs = base_env_kwargs_fn(ctx) if key == "base" else model_env_kwargs_fn(model, r.env_kwargs)
+        per_env = {env_id: kwargs(env_id) for env_id in r.targets}
+        jobs.append(dict(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
+                         out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), in_flight=e.in_flight,
+                         env_kwargs=per_env, progress=ctx.progress))
+    _run_method_rollouts(jobs, e.workers)
+    outs = {job["key"]: job["out"] for job in jobs}
+    for key in same_as_base:
+        outs[key] = _episodes_as(base_traj, ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), key)
+    for key, label, make, spent, note in rows:
+        if key in same_as_base:
+            note = SAME_AS_BASE_NOTE
+        row: dict[str, Any] = {"label": label, "rollouts_spent": spent, "note": note}
+        if make is None:
+            results[key] = row | {"available": False}
+            continue
+        out = outs[key]
+        metrics = evaluate(out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
+        row |= {"available": True, "trajectories": str(out.relative_to(ctx.run_dir)), "overall": metrics["overall"],
+                "by_scenario": metrics["by_scenario"]}
+        if key != "base" and base_traj.exists():
+            cmp = compare(base_traj, out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
+            row["delta_vs_base"] = cmp["delta"]
+            row["tasks_vs_base"] = cmp["tasks"]
+        (out.parent / "metrics.json").write_text(json.dumps(row, indent=2, default=str) + "\n")
+        results[key] = row
+    _write_results(ctx.path("eval", "results.json"), results, seeds, e)
+    return ["eval"], {"methods": {k: (v.get("overall", {}).get("pass@1") or {}).get("value")
+                                  for k, v in results.items() if v.get("available")},
+                      "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
+
+
+#: The note of a result row whose episodes are the base's (see :func:`_same_weights_as_base`).
+SAME_AS_BASE_NOTE = ("its LoRA update is exactly zero (every GRPO group was flat), so it is the base model: "
+                     "the base's greedy episodes are its episodes")
+
+
+def _same_weights_as_base(ctx, keys: list[str]) -> set[str]:
+    """The methods among ``keys`` that are the base model itself: an adapter (single, multi or SFT) on the
+    base's own weights whose LoRA update is exactly zero (:func:`~trace_train.compose.adapters.adapter_update_is_zero`).
+
+    Greedy decoding of the same weights with the same settings gives the same episodes, so evaluating such a
+    method again only spends minutes; its row reuses the base's episodes and says so. Only when the base row
+    is the local model the adapters were trained on, and only for greedy evaluation (samples drawn in
+    another process would not be the same draws).
+    """
+    from trace_train.compose.adapters import adapter_update_is_zero
+
+    b, e = ctx.cfg.base, ctx.cfg.evaluate
+    if "base" not in keys or b.kind not in ("tiny", "hf") or e.temperature > 0 or not ctx.done("train"):
+        return set()
+    if ctx.summary("base").get("model_path") != base_model_path(ctx):
+        return set()  # the adapters were trained on another model (train.model)
+    train = ctx.summary("train")
+    dirs = {f"adapter:{cap}": a for cap, a in train.get("adapters", {}).items()}
+    dirs |= {k: a for k, a in train.get("baselines", {}).items()}
+    return {k for k in keys if k in dirs and adapter_update_is_zero(dirs[k])}
+
+
+def _episodes_as(source: Path, out: Path, agent: str) -> Path:
+    """A copy of the trajectory file ``source`` at ``out``, its episodes renamed to agent ``agent``."""
+    from trace_train.rollouts import jsonl_line, read_trajectories
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(b"".join(jsonl_line({**record, "agent": agent}) for record in read_trajectories(source)))
+    return out
+
+
+def _method_rollouts(key, make, targets, seeds, samples, out, in_flight, env_kwargs, progress) -> str:
+    """One method's held-out rollouts into ``out`` (resumable: episodes already there are kept)."""
+    from trace_train.rollouts import run_rollouts
+
+    agent = make()
+    try:
+        # Episodes the machine failed (env_error) are rerun, here and when a run resumes; what still fails
+        # after a second pass is left out of the metrics and reported (trace_train.evaluate).
+        for _ in range(2):
+            summary = run_rollouts(targets, agent, seeds, samples=samples, out=out, in_flight=in_flight,
+                                   env_kwargs=env_kwargs.__getitem__, progress=progress, agent_name=key,
+                                   retry_env_errors=True)
+            if not summary.env_errors:
+                break
+    finally:
+        close = getattr(agent, "close", None)
+        if callable(close):
+            close()
+    return key
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: a worker gets SIGKILL when the run's process dies, so a killed run leaves no worker
+    writing into its directory while the resumed run works there. (Each job sets its own torch threads.)"""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_pool(workers: int):
+    """The process pool of ``train.workers`` / ``evaluate.workers``: spawned (no torch state is forked), and each
+    worker dies with the run (:func:`_die_with_parent`)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_die_with_parent)
+
+
+def _part_path(out: Path, i: int) -> Path:
+    return out.with_name(f"{out.stem}.part{i}{out.suffix}")
+
+
+def _split_last_round(jobs: list[dict], workers: int) -> list[list[dict]]:
+    """The jobs as groups of parts: a job of the last round, which would leave workers idle (9 methods on 2
+    workers end with one running alone), is split by seeds into parts that run side by side; every other
+    job is one part. A job whose output file already exists (a run that stopped after it finished or while
+    it ran unsplit) is never split: it resumes in its own file."""
+    tail = len(jobs) % workers
+    groups = [[job] for job in jobs]
+    if workers <= 1 or tail == 0:
+        return groups
+    n_parts = workers // tail
+    for g, job in enumerate(jobs[len(jobs) - tail:], len(jobs) - tail):
+        seeds = list(job["seeds"])
+        if job["out"].exists():  # whole already: parts left by a join that was interrupted are spent
+            for i in range(n_parts):
+                _part_path(job["out"], i).unlink(missing_ok=True)
+            continue
+        if n_parts < 2 or len(seeds) < n_parts:
+            continue
+        size = math.ceil(len(seeds) / n_parts)
+        groups[g] = [{**job, "seeds": seeds[i * size:(i + 1) * size], "out": _part_path(job["out"], i)}
+                     for i in range(n_parts) if seeds[i * size:(i + 1) * size]]
+    return groups
+
+
+def _join_parts(parts: list[dict], out: Path) -> None:
+    """The parts' episodes into ``out``, part after part, then the parts removed."""
+    tmp = out.with_name(out.name + ".joining")
+    with open(tmp, "wb") as f:
+        for part in parts:
+            f.write(part["out"].read_bytes())
+    tmp.replace(out)
+    for part in parts:
+        part["out"].unlink(missing_ok=True)
+        part["out"].with_name(part["out"].name + ".lock").unlink(missing_ok=True)
+
+
+def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
+    """Every job's rollouts: in this process, or ``workers`` at a time in worker processes (spawned, so no torch
+    state is forked). A job whose agent cannot be sent to a worker (a scripted or endpoint base) runs here.
+    The last round's jobs are split by seeds so that no worker idles (:func:`_split_last_round`); an
+    interrupted split job resumes in its parts."""
+    import pickle
+
+    parallel = []
+    for job in jobs:
+        try:
+            pickle.dumps(job["make"])
+            parallel.append(job)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            pass
+    groups = _split_last_round(parallel, workers) if workers > 1 else []
+    if sum(len(group) for group in groups) <= 1:  # one process would do all of it: this one
+        parallel, groups = [], []
+    local = [job for job in jobs if not any(job is p for p in parallel)]
+    for job in local:
+        _method_rollouts(**job)
+    if not parallel:
+        return
+    from concurrent.futures import as_completed
+
+    logger.info("rolling out %d agents in %d worker processes", len(parallel), workers)
+    with _worker_pool(workers) as pool:
+        futures = {pool.submit(_method_rollouts, **{**part, "progress": False}): g
+                   for g, group in enumerate(groups) for part in group}
+        left = [len(group) for group in groups]
+        for future in as_completed(futures):
+            key, g = future.result(), futures[future]
+            left[g] -= 1
+            if left[g]:
+                continue
+            if len(groups[g]) > 1:
+                _join_parts(groups[g], parallel[g]["out"])
+            if jobs[0]["progress"]:
+                print(f"  rolled out {key} ({sum(n == 0 for n in left)}/{len(groups)})", flush=True)
+
+
+def _write_results(path: Path, results: dict, seeds: list[int], e) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"seeds": [min(seeds), max(seeds) + 1], "n_seeds": len(seeds), "samples": e.samples,
+                                "ks": e.ks, "temperature": e.temperature, "methods": results},
+                               indent=2, default=str) + "\n")
+
+
+def estimate_evaluate(ctx) -> tuple[float | None, str]:
+    e, r = ctx.cfg.evaluate, ctx.cfg.rollout
+    n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
+    k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
+    methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
+    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer); the
+    # composer always decodes with generate(), the others as base.decode says.
+    fast = _fast_decode(ctx)
+    composer = int("trace_moe" in e.methods)
+    per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
+    workers = min(e.workers, methods)
+    return (math.ceil(methods / workers) * sum(per_method) / methods,
+            f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else ""))

@@ -1,0 +1,174 @@
+"""The ``train`` stage: GRPO, one LoRA adapter per capability, plus the SFT and multi-capability baselines -> ``train/``.
+
+Each adapter is one :func:`trace_train.train.grpo.train` run; with ``train.workers`` they run side by side in
+the evaluate stage's worker pool (:func:`trace_train.pipeline.stages.evaluate._worker_pool`), with
+``train.launcher: accelerate`` in ``accelerate launch`` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from ..config import ConfigError
+from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY, _selected,
+                     _str, base_model_path, capability_envs)
+from .evaluate import _worker_pool
+
+logger = logging.getLogger(__name__)
+
+
+def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False,
+               minutes: float | None = None) -> dict:
+    """The job that trains one adapter into ``train/<name>/`` (the keyword arguments of :func:`_train_adapter`),
+    or, when it finished before an interruption, ``{"record": <its result record>}``."""
+    from trace_train.train.grpo import TrainConfig
+
+    out = ctx.path("train", name)
+    done_file = out / "result.json"
+    if done_file.exists():  # finished before an interruption: keep it
+        return {"record": json.loads(done_file.read_text())}
+    t = ctx.cfg.train
+    registry = [str(ctx.workspace)] if (ctx.workspace / "registry.yaml").exists() else []
+    # The trainer applies the kwargs the model was warmed up with (e.g. the compact prompt) by itself;
+    # train.options.env_kwargs override them. An interrupted adapter continues from its last checkpoint.
+    checkpoints = out / "run" / "checkpoints"
+    resume = checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))
+    kwargs = {"progress": ctx.progress, **t.options, "env_ids": list(env_ids), "model": base_model_path(ctx),
+              "output_dir": str(out / "run"), "device": ctx.cfg.base.device, "registry": registry, "sft": sft,
+              "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
+    if minutes is not None and not sft:
+        kwargs["max_minutes"] = minutes
+    try:
+        cfg = TrainConfig(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"train.options: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"train: {exc}") from None
+    return {"cfg": cfg, "out": out, "name": name, "env_ids": list(env_ids), "sft": sft, "launcher": t.launcher,
+            "accelerate_args": list(t.accelerate_args)}
+
+
+def _train_adapter(cfg, out: Path, name: str, env_ids: list[str], sft: bool, launcher: str,
+                   accelerate_args: list) -> dict:
+    """Train one adapter (in this process or a worker) and write its ``result.json``; returns the record."""
+    from trace_train.train.grpo import train
+
+    t0 = time.perf_counter()
+    if launcher == "accelerate":
+        result = _accelerate_train(cfg, out, accelerate_args)
+    else:
+        if cfg.registry:  # a worker process starts with the built-in registry only
+            import trace_envs
+
+            for path in cfg.registry:
+                trace_envs.load_registry(path)
+        result = train(cfg).to_dict()
+    record = {"name": name, "env_ids": list(env_ids), "sft": sft, "adapter_dir": str(result["adapter_dir"]),
+              "log_csv": str(result["log_csv"]), "curve_png": _str(result.get("curve_png")),
+              "steps": int(result["steps"]), "rollouts": int(result["rollouts"]),
+              "calibration": result.get("calibration"), "seconds": round(time.perf_counter() - t0, 2)}
+    (out / "result.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return record
+
+
+def _run_train_jobs(jobs: dict[str, dict], workers: int) -> dict[str, dict]:
+    """The result record of every job (key -> record): in this process, or ``workers`` at a time in spawned
+    worker processes (each trains on its own ``base.threads`` threads; accelerate launches stay here)."""
+    records = {k: j["record"] for k, j in jobs.items() if "record" in j}
+    todo = {k: j for k, j in jobs.items() if "record" not in j}
+    parallel = {k: j for k, j in todo.items() if j["launcher"] != "accelerate"} if workers > 1 else {}
+    if len(parallel) <= 1:
+        parallel = {}
+    for k, j in todo.items():
+        if k not in parallel:
+            records[k] = _train_adapter(**j)
+    if parallel:
+        import dataclasses
+
+        logger.info("training %d adapters in %d worker processes", len(parallel), workers)
+        with _worker_pool(workers) as pool:
+            futures = {k: pool.submit(_train_adapter, **{**j, "cfg": dataclasses.replace(j["cfg"], progress=False)})
+                       for k, j in parallel.items()}
+            for k, future in futures.items():
+                records[k] = future.result()
+    return {k: records[k] for k in jobs}
+
+
+def _accelerate_train(cfg, out: Path, accelerate_args: list) -> dict:
+    """Train one adapter in ``accelerate launch`` processes (several GPUs); returns its ``train_result.json``."""
+    import subprocess
+    import sys
+
+    config = cfg.to_yaml(out / "train_config.launch.yaml")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *map(str, accelerate_args), "-m", "trace_train.cli",
+           "train", "--config", str(config)]
+    logger.info("train: %s", " ".join(cmd))
+    done = subprocess.run(cmd)
+    result = Path(cfg.output_dir) / "train_result.json"
+    if done.returncode != 0 or not result.exists():
+        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit status {done.returncode}); its output is above")
+    return json.loads(result.read_text())
+
+
+def run_train(ctx) -> tuple[list[str], dict]:
+    t = ctx.cfg.train
+    if not base_model_path(ctx):
+        raise ConfigError("train.model is required: the base agent has no local weights to train adapters on")
+    envs = capability_envs(ctx)
+    ctx.path("train").mkdir(parents=True, exist_ok=True)
+    jobs = {cap: _train_job(ctx, cap, [env["env_id"]], t.max_steps, minutes=t.max_minutes) for cap, env in envs.items()}
+    env_ids = [e["env_id"] for e in envs.values()]
+    if env_ids and t.multi_baseline and len(env_ids) > 1:
+        jobs["_multi"] = _train_job(ctx, "_multi", env_ids, t.multi_steps or t.max_steps * len(env_ids),
+                                    minutes=t.max_minutes * len(env_ids) if t.max_minutes else None)
+    if env_ids and t.sft_baseline:
+        jobs["_sft"] = _train_job(ctx, "_sft", env_ids, t.sft_steps, sft=True)
+    # The multi-capability baseline (the longest run) goes first, so that the workers finish close together.
+    order = sorted(jobs, key=lambda k: k != "_multi") if t.workers > 1 else list(jobs)
+    records = _run_train_jobs({k: jobs[k] for k in order}, t.workers)
+    adapters = {cap: records[cap] | {"source": env["source"]} for cap, env in envs.items()}
+    baselines = {k.lstrip("_"): records[k] for k in ("_multi", "_sft") if k in records}
+    (ctx.path("train", "results.json")).write_text(json.dumps({"adapters": adapters, "baselines": baselines},
+                                                              indent=2, default=str) + "\n")
+    missing = [c for c in _selected(ctx) if c not in envs]
+    return ["train"], {"adapters": {c: a["adapter_dir"] for c, a in adapters.items()},
+                       "baselines": {k: v["adapter_dir"] for k, v in baselines.items()},
+                       "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()}}
+
+
+def _fast_grpo(ctx) -> bool:
+    """Whether GRPO runs the fast path (``train.options`` decode and loss_forward; auto: on CPU, the tiny model)."""
+    o = ctx.cfg.train.options
+    decode, loss = o.get("decode", "auto"), o.get("loss_forward", "auto")
+    if decode == "hf" or loss == "trl":
+        return False
+    return str(o.get("device", "auto")) in ("auto", "cpu")
+
+
+def estimate_train(ctx) -> tuple[float | None, str]:
+    t = ctx.cfg.train
+    k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
+    from trace_train.tiny.build import PRESETS
+
+    model = t.model or (ctx.summary("base").get("model_path") if ctx.cfg.base.kind != "tiny" else "tiny")
+    if model not in PRESETS and not (model and Path(model, "trace_model.json").exists()):
+        return None, f"{k} adapters × {t.max_steps} GRPO steps (time depends on the model and the GPUs)"
+    runs = k + k * t.multi_baseline * (k > 1)  # the multi baseline gets the budget of all k adapters
+    sft = t.sft_baseline * (t.sft_steps * SECONDS_PER_SFT_STEP_TINY + 30.0)
+    # Several workers: the runs share them; no fewer seconds than the longest run (the multi baseline's).
+    longest = k * t.multi_baseline * (k > 1) or 1
+    if t.max_minutes:
+        total = runs * (t.max_minutes * 60 + 30.0) + sft
+        floor = longest * (t.max_minutes * 60 + 30.0)
+        what = f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines"
+    else:
+        per_step = SECONDS_PER_GRPO_STEP_TINY_FAST if _fast_grpo(ctx) else SECONDS_PER_GRPO_STEP_TINY
+        total = runs * t.max_steps * per_step + sft
+        floor = longest * t.max_steps * per_step
+        what = f"{k} adapters × {t.max_steps} GRPO steps + baselines"
+    if t.workers > 1:
+        return max(total / t.workers, floor), what + f", {t.workers} at once"
+    return total, what

@@ -1,0 +1,677 @@
+"""GRPO of one LoRA adapter per capability, on TRL's ``GRPOTrainer`` (the third stage of TRACE).
+
+``train(TrainConfig(...))`` takes a base model and one capability env (or several: one adapter on their
+mixture, the "multi-capability GRPO" baseline) and writes, under ``output_dir``:
+
+* ``adapter/``: the LoRA in PEFT's standard format (``PeftModel.from_pretrained(base, dir)``, vLLM's
+  ``--lora-modules name=dir``), with ``trace_adapter.json`` naming the base, the envs and their kwargs;
+* ``checkpoints/checkpoint-N/``: TRL/transformers checkpoints (adapter, optimizer, scheduler, RNG states,
+  step count); ``resume: true`` continues from the latest one;
+* ``train_log.csv``: one row per step: reward mean/std, the share of groups whose rewards were all equal
+  (TRL's ``frac_reward_zero_std``) before and after dynamic sampling, KL, completion length, episodes,
+  and seconds per phase (generation, env/tool calls, forward/backward, optimizer);
+* ``reward_curve.png``, ``calibration.json`` (the base model on the env before training),
+  ``train_config.yaml`` and ``train_result.json``.
+
+What is TRL's and what is ours. TRL does the GRPO loss (all its variants), advantages, clipping, the
+optimiser, checkpoints, accelerate/DeepSpeed and vLLM. The rollouts are TRACE's by default
+(``rollout: trace``): a ``rollout_func`` that plays each group's episodes with
+:func:`trace_train.rollouts.run_rollouts` and :class:`trace_train.agents.HFAgent` over the model being
+trained, so the model sees exactly the prompts ``trace eval`` and ``trace rollout`` show it (the env's
+own tool schemas, plain-text messages to the user), every member of a group resets with the group's
+seed, and the episode's own tokens go back to TRL: the first prompt as ``prompt_ids``, everything after it
+as ``completion_ids`` with ``env_mask`` 0 on tool results and user replies (they get no gradient). Owning
+the loop is what lets us re-collect groups whose rewards are all equal (dynamic sampling), give a share
+of a group a hint while it generates (hint mode, off-policy), and time generation apart from the env.
+``rollout: trl`` instead hands TRL an ``environment_factory`` (:mod:`trace_envs.adapters.trl`), TRL's own
+tool loop, which is the path that works with ``use_vllm``.
+
+The history is re-tokenised from the transcript (as ``HFAgent`` renders the next prompt) rather than kept
+as the sampled token ids, so the gradient is on the canonical tokens of the text the model wrote; a
+sampled sequence that is not its text's canonical tokenisation (rare with this BPE) is trained as the
+canonical one. Rollouts are on-policy (one generation per optimiser step), so TRL needs no sampling
+log-probabilities.
+
+Speed on CPU (``decode``, ``loss_forward``; docs/speed.md): the tiny model's turns are decoded by
+:mod:`trace_train.tiny.fast_decode` and the loss's log-probs are computed by :mod:`trace_train.train.prefix_logprobs`,
+which encodes the prefix the step's episodes share once instead of once per episode; ``decode: hf`` and
+``loss_forward: trl`` are ``generate`` and TRL's own forward.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .calibration import calibrate
+from .config import ConfigError, TrainConfig
+
+logger = logging.getLogger(__name__)
+
+#: Columns of ``train_log.csv`` (TRL's metric names where it has one).
+LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
+               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
+               "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s", "forward_backward_s", "optimizer_s",
+               "step_s", "reward_by_env")
+
+__all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "train"]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` produced."""
+
+    adapter_dir: Path
+    log_csv: Path
+    curve_png: Path | None
+    steps: int
+    rollouts: int
+    calibration: dict | None
+    seconds: float = 0.0
+    output_dir: Path | None = None
+    final: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+# ----------------------------------------------------------------------------- envs
+
+
+def env_kwargs_for(cfg: TrainConfig, env_id: str) -> dict:
+    """``gym.make`` kwargs of ``env_id`` in this run: what the model was bootstrapped with (its prompt size)
+    for the kwargs the env accepts, then ``cfg.env_kwargs`` (those the env accepts, when several envs share them)."""
+    from ..tiny.metadata import env_accepts, model_env_kwargs
+
+    kwargs = model_env_kwargs(cfg.model, env_id) if Path(cfg.model).is_dir() else {}
+    for key, value in cfg.env_kwargs.items():
+        if len(cfg.env_ids) == 1 or env_accepts(env_id, key):
+            kwargs[key] = value
+    return kwargs
+
+
+def _load_envs(cfg: TrainConfig):
+    """Load the workspace registries and check the env ids (before any model loads)."""
+    import trace_envs
+
+    for path in cfg.registry:
+        trace_envs.load_registry(path)
+    for env_id in cfg.env_ids:
+        try:
+            trace_envs.get_entry(env_id)
+        except KeyError:
+            raise ConfigError(f"TrainConfig.env_ids has {env_id!r}, which is not registered. Fix: check "
+                              "`trace envs list`, or add the workspace that holds it to registry") from None
+    return trace_envs
+
+
+def _hint_for(cfg: TrainConfig, env_id: str) -> str:
+    """The hint text of hint mode: ``cfg.hint_text``, else the env's ``hint_text``, else its registry description."""
+    if cfg.hint_text:
+        return cfg.hint_text
+    import trace_envs
+
+    entry = trace_envs.get_entry(env_id)
+    own = getattr(entry.load_class(), "hint_text", None)
+    if isinstance(own, str) and own.strip():
+        return own.strip()
+    what = entry.capability or env_id
+    return f"Hint ({what}): {entry.description}"
+
+
+# ----------------------------------------------------------------------------- episodes -> tokens
+
+
+def encode_episode(tokenizer, record: dict, max_completion_length: int) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, completion ids, env mask) of one episode, as TRL's ``rollout_func`` returns them.
+
+    The prompt is the conversation up to the first assistant turn, rendered as :class:`HFAgent` renders it;
+    the completion is the rest of the episode (through the last assistant turn), each assistant turn as it
+    appears in later prompts (``<|im_end|>`` included) with mask 1, tool results and user replies between
+    them with mask 0. It is cut at ``max_completion_length`` tokens.
+
+    Turns the env rejected (text that is not a readable action) are not in its transcript, so they get no
+    gradient of their own; the episode's reward still counts for its group. An episode whose every turn was
+    rejected is its first prompt and a single ``<|im_end|>`` with mask 0 (it shapes its group's baseline only).
+    """
+    from ..tiny.sft_data import render_prompt, sft_segments
+
+    segments = sft_segments(tokenizer, record)
+    if not segments:
+        messages = [m for m in record["messages"] if m["role"] != "assistant"]
+        prompt_ids = tokenizer(render_prompt(tokenizer, messages, record.get("tools")),
+                               add_special_tokens=False)["input_ids"]
+        return prompt_ids, [tokenizer.convert_tokens_to_ids("<|im_end|>")], [0]
+    prompt_ids = tokenizer(segments[0][0], add_special_tokens=False)["input_ids"]
+    completion: list[int] = []
+    mask: list[int] = []
+    for text, is_target in segments[1:]:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        completion.extend(piece)
+        mask.extend([int(is_target)] * len(piece))
+    return prompt_ids, completion[:max_completion_length], mask[:max_completion_length]
+
+
+# ----------------------------------------------------------------------------- the rollout function
+
+
+class _HintedAgent:
+    """An agent that generates with ``hint`` appended to the system prompt (hint mode); the transcript keeps
+    the plain prompt, so the gradient is computed on the plain prompt (off-policy, uncorrected, as the
+    authors do)."""
+
+    def __init__(self, agent: Any, hint: str) -> None:
+        self.agent, self.hint = agent, hint
+        self.name = f"{getattr(agent, 'name', 'agent')}+hint"
+
+    def reset(self, env: Any, observation: str, info: dict) -> None:
+        """Stateless (the conversation travels in ``info``)."""
+
+    def _hinted(self, info: dict) -> dict:
+        messages = [dict(m) for m in info.get("messages") or []]
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{self.hint}"
+        else:
+            messages.insert(0, {"role": "system", "content": self.hint})
+        return {**info, "messages": messages}
+
+    def act_batch(self, observations: Sequence[str], infos: Sequence[dict]) -> list:
+        return self.agent.act_batch(observations, [self._hinted(i) for i in infos])
+
+    def __call__(self, observation: str, info: dict):
+        return self.act_batch([observation], [info])[0]
+
+
+def _flat(rewards: Sequence[float]) -> bool:
+    return max(rewards) - min(rewards) < 1e-9
+
+
+class GroupRollouts:
+    """TRL ``rollout_func``: plays every group of the batch in TRACE envs and returns their tokens.
+
+    Called by TRL once per generation batch with the batch's prompts; the rows (seed, environment) come
+    from :class:`TraceGRPOTrainer`. TRL's sampler puts the ``group_size`` copies of a row next to each
+    other; the group's episodes all reset with that row's seed. ``last`` holds the statistics of the last
+    call (episodes, informative share before resampling, seconds of generation and env).
+    """
+
+    def __init__(self, cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> None:
+        self.cfg, self.env_kwargs, self.device = cfg, env_kwargs, device
+        self.hints = {e: _hint_for(cfg, e) for e in cfg.env_ids} if cfg.hint_share else {}
+        self.episodes = 0
+        self.last: dict = {}
+
+    def _agent(self, trainer):
+        from ..agents import HFAgent
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        top_p = getattr(trainer.args, "top_p", 1.0) or 1.0
+        # threads/seed None: the run set the threads, and sampling follows the trainer's (checkpointed) RNG.
+        return HFAgent(model, tokenizer=trainer.processing_class, threads=None, device=self.device,
+                       max_new_tokens=self.cfg.max_turn_tokens, temperature=self.cfg.temperature, top_p=top_p,
+                       max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
+                       name="grpo-policy", decode=self.cfg.decode)
+
+    def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
+        """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
+        group's members play with the hint."""
+        from ..rollouts import run_rollouts
+
+        results: list[list[dict]] = [[] for _ in groups]
+        for env_id in dict.fromkeys(e for e, _, _ in groups):
+            for n in sorted({m for e, _, m in groups if e == env_id}):
+                hinted = int(self.cfg.hint_share * n)
+                plays = [(agent, n - hinted)] + ([(_HintedAgent(agent, self.hints[env_id]), hinted)] if hinted else [])
+                pending = [i for i, (e, _, m) in enumerate(groups) if e == env_id and m == n]
+                while pending:  # one call per set of distinct seeds: a seed drawn twice is played twice
+                    batch, seen = [], set()
+                    for i in pending:
+                        if groups[i][1] not in seen:
+                            batch.append(i)
+                            seen.add(groups[i][1])
+                    pending = [i for i in pending if i not in batch]
+                    seeds = [groups[i][1] for i in batch]
+                    for who, samples in plays:
+                        if samples < 1:
+                            continue
+                        summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
+                                               in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
+                                               progress=False, keep_records=True,
+                                               max_steps=self.cfg.max_tool_calling_iterations)
+                        by_seed: dict[int, list[dict]] = {}
+                        for record in sorted(summary.records, key=lambda r: (r["seed"], r["sample"])):
+                            by_seed.setdefault(int(record["seed"]), []).append(record)
+                        for i in batch:
+                            results[i].extend(by_seed[groups[i][1]])
+        return results
+
+    def _resample_seed(self, step: int, group: int, attempt: int) -> int:
+        """A fresh training seed for attempt ``attempt`` of group ``group`` at ``step`` (a pure function, so a
+        resumed run draws the same ones). Without ``num_seeds``, resampled seeds come after the dataset's."""
+        cfg = self.cfg
+        lo, hi = cfg.train_seed_range()
+        index = (step * cfg.groups_per_step + group) * cfg.resample_attempts + attempt
+        if cfg.num_seeds is None:
+            return lo + cfg.groups_per_step * cfg.max_steps + index % max(1, hi - lo - cfg.groups_per_step * cfg.max_steps)
+        return lo + (index * 7919 + 1) % cfg.num_seeds
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        cfg = self.cfg
+        rows = getattr(trainer, "_trace_rows", None)
+        if rows is None or len(rows) != len(prompts):
+            raise RuntimeError("GroupRollouts needs the batch rows; use it with trace_train.train.grpo.TraceGRPOTrainer")
+        g = cfg.group_size
+        if len(rows) % g:
+            raise RuntimeError(f"a batch of {len(rows)} rows is not whole groups of {g}")
+        # Consecutive rows with one seed are one group's members. On one process they are whole groups; with
+        # several processes TRL may split a group across them, and each process plays its share of it.
+        groups: list[tuple[str, int, int]] = []
+        for r in rows:
+            key = (r.get("environment") or cfg.env_ids[0], int(r["seed"]))
+            if groups and groups[-1][:2] == key and groups[-1][2] < g:
+                groups[-1] = (*key, groups[-1][2] + 1)
+            else:
+                groups.append((*key, 1))
+        whole = all(n == g for _, _, n in groups)
+        if cfg.resample_attempts and not whole and not getattr(self, "_warned_split", False):
+            logger.warning("GRPO groups are split across processes; dynamic sampling needs whole groups on one "
+                           "process and is off (set per_device_train_batch_size to a multiple of group_size)")
+            self._warned_split = True
+        t0 = time.perf_counter()
+        was_training = trainer.model.training  # HFAgent puts the model in eval mode; TRL reads the mode after
+        agent = self._agent(trainer)
+        try:
+            played = self._play(agent, groups)
+            flat_before = [_flat([r["reward"] for r in eps]) for eps in played]
+            resampled = 0
+            for attempt in range(cfg.resample_attempts if whole else 0):
+                todo = [i for i, eps in enumerate(played) if _flat([r["reward"] for r in eps])]
+                if not todo:
+                    break
+                fresh = [(groups[i][0], self._resample_seed(trainer.state.global_step, i, attempt), g) for i in todo]
+                for i, eps in zip(todo, self._play(agent, fresh)):
+                    played[i] = eps
+                resampled += len(todo)
+        finally:
+            if hasattr(getattr(agent, "model", None), "train"):
+                agent.model.train(was_training)
+        played_s = time.perf_counter() - t0
+        tokenizer = trainer.processing_class
+        prompt_ids, completion_ids, env_mask, rewards, env_names = [], [], [], [], []
+        env_errors = 0
+        for (env_id, _, _), eps in zip(groups, played):
+            # An episode the machine failed (termination env_error: an image build, a dead container) says
+            # nothing about the policy. TRL needs every row, so it stays, but out of the group: the mean reward
+            # of the group's other members (no advantage of its own, the group's baseline unchanged) and a
+            # mask of zeros (no token of it enters the loss).
+            scored = [float(r["reward"]) for r in eps if r.get("termination") != "env_error"]
+            fill = sum(scored) / len(scored) if scored else 0.0
+            for record in eps:
+                p, c, m = encode_episode(tokenizer, record, cfg.max_completion_length)
+                reward = float(record["reward"])
+                if record.get("termination") == "env_error":
+                    env_errors += 1
+                    m, reward = [0] * len(m), fill
+                prompt_ids.append(p)
+                completion_ids.append(c)
+                env_mask.append(m)
+                rewards.append(reward)
+                env_names.append(env_id)
+        if env_errors:
+            logger.warning("%d of %d GRPO episodes ended in env_error (the machine failed, not the policy); "
+                           "they were left out of their groups", env_errors, len(rewards))
+        episodes = len(rows) + resampled * g
+        self.episodes += episodes
+        stats = getattr(agent, "stats", None)
+        gen_s = stats.seconds if stats is not None else sum(r["timing"]["agent_s"] for eps in played for r in eps)
+        # Playing = generation + the envs (tool calls, the simulated user, the reward at the last step, resets);
+        # encoding the episodes into tokens comes after.
+        wall = time.perf_counter() - t0
+        env_s = max(0.0, played_s - gen_s)
+        by_env = {e: [r for r, n in zip(rewards, env_names) if n == e] for e in dict.fromkeys(env_names)}
+        self.last = {"episodes": episodes, "resampled_groups": resampled, "env_errors": env_errors,
+                     "informative_before_resampling": 1.0 - sum(flat_before) / len(flat_before),
+                     "generation_s": gen_s, "env_s": env_s, "encode_s": wall - played_s, "rollout_s": wall,
+                     "reward_by_env": {e: sum(v) / len(v) for e, v in by_env.items()}}
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None,
+                "env_mask": env_mask, "env_reward": rewards}
+
+
+def env_reward(prompts=None, completions=None, env_reward=None, **kwargs) -> list[float]:
+    """TRL reward function: the env's verifiable reward of each episode (computed during the rollout)."""
+    if env_reward is None:
+        raise RuntimeError("env_reward needs the rollout's env_reward column (rollout: trace)")
+    return [float(r) for r in env_reward]
+
+
+def _trainer_class():
+    from trl import GRPOTrainer
+
+    class TraceGRPOTrainer(GRPOTrainer):
+        """``GRPOTrainer`` that lets the rollout function see the batch rows (their seeds), which TRL hands
+        to ``environment_factory.reset`` but not to ``rollout_func``. Nothing else changes."""
+
+        #: Set by :func:`train`: compute the loss's log-probs with the batch's shared prefix encoded once.
+        trace_shared_prefix = False
+
+        def _generate_and_score_completions(self, inputs):
+            self._trace_rows = inputs
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self._trace_rows = None
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **extra):
+            # Text-only batches take the shared-prefix forward (the same values); anything else is TRL's.
+            # (One process only: the unwrapped module's forward would bypass DDP's own forward.)
+            if not self.trace_shared_prefix or compute_aux_loss or any(v is not None for v in extra.values()) \
+                    or self.accelerator.num_processes > 1:
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+            from .prefix_logprobs import shared_prefix_logprobs
+
+            with self.accelerator.autocast():
+                logps, entropies = shared_prefix_logprobs(self.accelerator.unwrap_model(model), input_ids,
+                                                          attention_mask, logits_to_keep, self.temperature,
+                                                          compute_entropy)
+            return logps, entropies, None
+
+    return TraceGRPOTrainer
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path, start_step: int):
+    from transformers import TrainerCallback
+
+    class StepLogger(TrainerCallback):
+        """One ``train_log.csv`` row per optimiser step, with the step's seconds per phase."""
+
+        def __init__(self) -> None:
+            self.t_step = self.t_pre = 0.0
+            self.optimizer_s = self.step_s = 0.0
+            self.rows: list[dict] = []
+            if log_csv.exists() and start_step > 0:  # resumed: keep the rows up to the checkpoint
+                with open(log_csv, newline="") as f:
+                    kept = [r for r in csv.DictReader(f) if int(float(r["step"])) <= start_step]
+                self._write(kept, mode="w")
+            elif log_csv.exists():
+                log_csv.unlink()
+
+        def _write(self, rows: list[dict], mode: str = "a") -> None:
+            new = mode == "w" or not log_csv.exists()
+            with open(log_csv, mode, newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=LOG_COLUMNS, extrasaction="ignore")
+                if new:
+                    writer.writeheader()
+                writer.writerows(rows)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t_step = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.t_pre = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            self.optimizer_s = time.perf_counter() - self.t_pre
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.step_s = time.perf_counter() - self.t_step
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "reward" not in logs:
+                return
+            last = rollouts.last if rollouts is not None else {}
+            rollout_s = last.get("rollout_s")  # None with rollout: trl (TRL's loop is not timed by phase)
+            row = {"step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
+                   "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
+                   "informative_before_resampling": last.get("informative_before_resampling",
+                                                             1.0 - logs.get("frac_reward_zero_std", math.nan)),
+                   "resampled_groups": last.get("resampled_groups", 0), "env_errors": last.get("env_errors", 0),
+                   "episodes": last.get("episodes", cfg.batch_rollouts), "kl": logs.get("kl"),
+                   "completion_length": logs.get("completions/mean_length"),
+                   "clipped_ratio": logs.get("completions/clipped_ratio"), "loss": logs.get("loss"),
+                   "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
+                   "generation_s": last.get("generation_s"), "env_s": last.get("env_s"),
+                   "encode_s": last.get("encode_s"), "rollout_s": rollout_s,
+                   "forward_backward_s": (self.step_s - self.optimizer_s - rollout_s) if rollout_s else None,
+                   "optimizer_s": self.optimizer_s, "step_s": self.step_s,
+                   "reward_by_env": json.dumps(last.get("reward_by_env", {}), sort_keys=True)}
+            self.rows.append(row)
+            self._write([row])
+
+    return StepLogger()
+
+
+def _time_budget(minutes: float):
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        """Stops training before the step that would overrun ``minutes`` of training (predicted as the
+        slowest of the last 4 steps); the trainer then saves its final checkpoint as at ``max_steps``."""
+
+        def __init__(self) -> None:
+            self.spent = 0.0
+            self.recent: list[float] = []
+            self.t = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.recent = (self.recent + [time.perf_counter() - self.t])[-4:]
+            self.spent += self.recent[-1]
+            if self.spent + max(self.recent) > minutes * 60:
+                control.should_training_stop = True
+                control.should_save = True
+
+    return TimeBudget()
+
+
+def read_log(log_csv: str | Path) -> list[dict]:
+    """``train_log.csv`` as a list of dicts of floats (empty cells are None)."""
+    def value(key: str, text: str | None):
+        if text in ("", None):
+            return None
+        return json.loads(text) if key == "reward_by_env" else float(text)
+
+    with open(log_csv, newline="") as f:
+        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def plot_reward_curve(log_csv: Path, path: Path, title: str) -> Path | None:
+    """Reward mean ± std per step and the informative share of groups, from ``train_log.csv``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = read_log(log_csv)
+    if not rows:
+        return None
+    steps = [r["step"] for r in rows]
+    mean = [r["reward"] or 0.0 for r in rows]
+    std = [r["reward_std"] or 0.0 for r in rows]
+    informative = [1.0 - (r["frac_reward_zero_std"] or 0.0) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, mean, marker="o", ms=3, label="reward (mean over the step's rollouts)")
+    # rewards live in [0, 1]: the ± std band is drawn inside it
+    ax.fill_between(steps, [max(0.0, m - s) for m, s in zip(mean, std)], [min(1.0, m + s) for m, s in zip(mean, std)],
+                    alpha=0.2)
+    ax.plot(steps, informative, ls="--", color="tab:green", label="informative groups (share)")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
+    ax.set_ylabel("reward / share")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- train
+
+
+#: Most rows of a ``rollout: trl`` dataset (each costs an env reset to render its prompt; TRL cycles epochs).
+MAX_PROMPT_ROWS = 1024
+
+
+def _seed_dataset(cfg: TrainConfig, env_kwargs: dict[str, dict]):
+    """The training rows: one per (env, seed), with ``seed`` and ``environment`` columns.
+
+    TRACE's rollout function plays the envs itself and reads only those columns, so its rows carry a
+    placeholder prompt (no env is reset to build them: a long time-budgeted run has many seeds). TRL's tool
+    loop needs the real opening prompts: :func:`trace_envs.adapters.trl.make_dataset`, at most
+    :data:`MAX_PROMPT_ROWS` seeds per env.
+    """
+    from datasets import Dataset
+
+    from trace_envs.adapters.trl import make_dataset
+
+    lo, hi = cfg.train_seed_range()
+    count = cfg.num_seeds if cfg.num_seeds is not None else cfg.groups_per_step * cfg.max_steps
+    # TRL's sampler drops an incomplete batch: with fewer rows than groups per step there would be no step at
+    # all, so the seeds repeat until every env has at least a batch of rows.
+    rows = max(count, math.ceil(cfg.groups_per_step / len(cfg.env_ids)))
+    if cfg.rollout == "trl":
+        rows = max(min(rows, MAX_PROMPT_ROWS), math.ceil(cfg.groups_per_step / len(cfg.env_ids)))
+        return make_dataset(cfg.env_ids, seeds=[lo + i % count for i in range(rows)],
+                            env_kwargs=lambda e: env_kwargs[e])
+    seeds = [lo + i % count for i in range(rows)]
+    placeholder = [{"role": "user", "content": ""}]
+    return Dataset.from_dict({"prompt": [placeholder] * (rows * len(cfg.env_ids)),
+                              "seed": seeds * len(cfg.env_ids),
+                              "environment": [e for e in cfg.env_ids for _ in seeds]})
+
+
+def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
+    """Train one LoRA adapter with GRPO (or SFT with ``cfg.sft``) and write it under ``cfg.output_dir``.
+
+    Everything that can be wrong with the config or the envs fails before the model loads.
+
+    Args:
+        cfg: the run's settings.
+        callbacks: extra ``transformers.TrainerCallback`` objects for the trainer.
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    t0 = time.perf_counter()
+    device = cfg.check_device()
+    cfg.check_trl_args()
+    _load_envs(cfg)
+    if not Path(cfg.model).is_dir() and not _in_hf_cache(cfg.model):
+        raise ConfigError(f"TrainConfig.model = {cfg.model!r} is neither a folder nor a model in the local Hugging "
+                          "Face cache (the hub is offline). Fix: pass the folder `trace model bootstrap` printed")
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env_kwargs = {e: env_kwargs_for(cfg, e) for e in cfg.env_ids}
+    if cfg.sft:
+        from .sft import train_sft
+
+        return train_sft(cfg, env_kwargs, device, t0)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import GRPOConfig
+
+    if device == "cpu":
+        torch.set_num_threads(cfg.threads)
+    args = GRPOConfig(**cfg.grpo_kwargs(device))
+    resume_from = None
+    if cfg.resume and cfg.checkpoint_dir.is_dir():
+        resume_from = get_last_checkpoint(str(cfg.checkpoint_dir))
+    if cfg.resume and resume_from is None:
+        logger.warning("resume: no checkpoint in %s; starting from step 0", cfg.checkpoint_dir)
+    start_step = int(json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]) \
+        if resume_from else 0
+    cfg.to_yaml(out / "train_config.yaml")
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+    if device == "cuda":
+        model = model.to("cuda")
+
+    calibration = None
+    calibration_json = out / "calibration.json"
+    if resume_from and calibration_json.exists():
+        calibration = json.loads(calibration_json.read_text())
+    elif cfg.calibration_groups:
+        calibration = calibrate(cfg, env_kwargs, device, model=model, tokenizer=tokenizer)
+        calibration_json.write_text(json.dumps(calibration, indent=2, default=str))
+
+    dataset = _seed_dataset(cfg, env_kwargs)
+    trainer_cls = _trainer_class()
+    rollouts = None
+    if cfg.rollout == "trace":
+        rollouts = GroupRollouts(cfg, env_kwargs, device)
+        extra = {"reward_funcs": [env_reward], "rollout_func": rollouts}
+    else:
+        from trace_envs.adapters.trl import environment_factory
+
+        factories = {e: environment_factory(e, **env_kwargs[e]) for e in cfg.env_ids}
+        extra = {"reward_funcs": [], "environment_factory": factories if len(factories) > 1
+                 else next(iter(factories.values()))}
+    log_csv = out / "train_log.csv"
+    logger_cb = _step_logger(cfg, rollouts, log_csv, start_step)
+    trainer = trainer_cls(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
+                          peft_config=cfg.lora_config(), callbacks=[logger_cb, *callbacks], **extra)
+    trainer.trace_shared_prefix = _shared_prefix_loss(cfg, trainer.model, device)
+    if cfg.max_minutes:
+        trainer.add_callback(_time_budget(cfg.max_minutes))
+    trainer.train(resume_from_checkpoint=resume_from)
+
+    cfg.adapter_dir.mkdir(parents=True, exist_ok=True)
+    trainer.save_model(str(cfg.adapter_dir))
+    tokenizer.save_pretrained(str(cfg.adapter_dir))
+    (cfg.adapter_dir / "trace_adapter.json").write_text(json.dumps(
+        {"base_model": str(cfg.model), "method": "grpo", "env_ids": cfg.env_ids, "env_kwargs": env_kwargs,
+         "steps": trainer.state.global_step}, indent=2))
+    curve = plot_reward_curve(log_csv, out / "reward_curve.png",
+                              f"GRPO on {', '.join(cfg.env_ids)}") if cfg.plot and log_csv.exists() else None
+    rows = read_log(log_csv) if log_csv.exists() else []
+    episodes = int(sum(r["episodes"] or 0 for r in rows))
+    result = TrainResult(adapter_dir=cfg.adapter_dir, log_csv=log_csv, curve_png=curve,
+                         steps=trainer.state.global_step, rollouts=episodes, calibration=calibration,
+                         seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
+    (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    return result
+
+
+def _shared_prefix_loss(cfg: TrainConfig, model, device: str) -> bool:
+    """Whether the loss's log-probs take :func:`trace_train.train.prefix_logprobs.shared_prefix_logprobs`."""
+    if cfg.loss_forward != "auto":
+        return cfg.loss_forward == "shared_prefix"
+    from ..tiny.fast_decode import auto_applies, supported
+
+    if cfg.decode == "fast":
+        return supported(model)[0]
+    return cfg.decode == "auto" and device == "cpu" and auto_applies(model)
+
+
+def _in_hf_cache(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    except Exception:
+        return False
+

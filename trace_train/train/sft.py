@@ -1,0 +1,53 @@
+"""The "SFT on synthetic data" baseline of the train stage (``TrainConfig.sft``, ``trace train --sft``).
+
+A LoRA trained on the capability envs' oracle episodes instead of by GRPO, with the tiny model's warm-up code
+(:mod:`trace_train.tiny.bootstrap`); it writes the same files as a GRPO run (``adapter/``, ``train_log.csv``,
+``train_result.json``) so the pipeline evaluates it as one more method.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+from .config import TrainConfig
+from .grpo import TrainResult
+
+
+def train_sft(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, t0: float) -> TrainResult:
+    """The "SFT on synthetic data" baseline: a LoRA trained on the envs' oracle episodes with the bootstrap's
+    SFT code (:func:`trace_train.tiny.bootstrap.bootstrap_model` with ``lora``), the first env as its target and the
+    others as a mixture of the same size."""
+    from ..tiny.bootstrap import BootstrapConfig, bootstrap_model
+
+    first, *others = cfg.env_ids
+    target_kwargs = {k: v for k, v in env_kwargs[first].items() if k != "prompt"}
+    prompt = env_kwargs[first].get("prompt", "compact")
+    boot = BootstrapConfig(target=first, base=cfg.model, out=str(cfg.adapter_dir), train_seeds=cfg.sft_episodes,
+                           seed_offset=cfg.train_seed_range()[0], steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
+                           lr=cfg.sft_lr, warmup_steps=min(10, cfg.sft_steps), prompt=prompt if prompt in
+                           ("compact", "full") else "compact", threads=cfg.threads, device=device, seed=cfg.seed,
+                           env_kwargs=target_kwargs, mixture={e: 1.0 for e in others},
+                           mixture_env_kwargs={k: v for k, v in cfg.env_kwargs.items()},
+                           lora={"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
+                                 "target_modules": list(cfg.lora_target_modules)})
+    cfg.to_yaml(Path(cfg.output_dir) / "train_config.yaml")
+    result = bootstrap_model(boot, progress=cfg.progress)
+    out = Path(cfg.output_dir)
+    log_csv = out / "train_log.csv"
+    with open(log_csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "loss"])
+        writer.writerows((i + 1, loss) for i, loss in enumerate(result.losses))
+    curve = result.path / "loss_curve.png"
+    info = json.loads((result.path / "trace_adapter.json").read_text())
+    (cfg.adapter_dir / "trace_adapter.json").write_text(json.dumps(
+        {"base_model": str(cfg.model), "method": "sft", "env_ids": cfg.env_ids, "env_kwargs": env_kwargs,
+         "steps": len(result.losses), "bootstrap": info.get("bootstrap")}, indent=2, default=str))
+    res = TrainResult(adapter_dir=cfg.adapter_dir, log_csv=log_csv, curve_png=curve if curve.exists() else None,
+                      steps=len(result.losses), rollouts=result.examples, calibration=None,
+                      seconds=time.perf_counter() - t0, output_dir=out, final={"loss": result.losses[-1]})
+    (out / "train_result.json").write_text(json.dumps(res.to_dict(), indent=2, default=str))
+    return res
