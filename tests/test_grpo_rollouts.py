@@ -114,7 +114,7 @@ def test_a_group_split_across_processes_plays_its_share(tokenizer):
 def test_an_env_error_episode_is_left_out_of_its_group(tokenizer):
     """An episode the machine failed (termination env_error) keeps its row, as TRL needs, but enters neither the
     loss (mask of zeros) nor the group's baseline (its reward is the mean of the others)."""
-    from trace_train.grpo import GroupRollouts, TrainConfig, env_kwargs_for
+    from trace_train.train.grpo import GroupRollouts, TrainConfig, env_kwargs_for
 
     cfg = TrainConfig(env_ids=[ENV], env_kwargs={"difficulty": 1, "prompt": "compact"}, model="unused",
                       output_dir="unused", group_size=4, groups_per_step=1, max_steps=2)
