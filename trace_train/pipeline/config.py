@@ -301,6 +301,9 @@ class EvaluateSection:
         workers: methods evaluated at once, each in its own process with its own model (on
             ``base.threads`` threads): 2 on a 2-core CPU halves this stage for local models. Rows whose agent
             cannot go to a process (a scripted or endpoint base) run in the main process.
+        env_seeds: held-out seeds of each capability env on which the base and that capability's adapter are
+            played (the report's learning link, L2: does GRPO raise the env's own success?); disjoint from the
+            training seeds (``train.options.seed_offset``, 1,000,000 by default). 0 skips it.
     """
 
     seeds: Any = "0:40"
@@ -311,9 +314,12 @@ class EvaluateSection:
     methods: list = field(default_factory=lambda: list(METHODS))
     bootstrap: int = 1000
     workers: int = 1
+    env_seeds: Any = "0:50"
 
     def validate(self) -> None:
         parse_seeds("evaluate.seeds", self.seeds)
+        if self.env_seeds:
+            parse_seeds("evaluate.env_seeds", self.env_seeds)
         _at_least("evaluate.workers", self.workers, 1)
         _at_least("evaluate.samples", self.samples, 1)
         _at_least("evaluate.in_flight", self.in_flight, 1)

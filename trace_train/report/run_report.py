@@ -3,7 +3,8 @@
 Sections: the stages (status, seconds); the headline (TRACE MoE vs. the base on held-out target seeds);
 the diagnosis (capability table with Δ, coverage and stability, and its figure); the generated environments
 and their admission; each adapter's training (reward curve); the routing of the composed model (heat map);
-and the paper-style table of every method with pass@1, pass^k, intervals and the rollouts each spent.
+the paper-style table of every method with pass@1, pass^k, intervals and the rollouts each spent; and the
+links of the claim, L1–L4, each with its verdict (:mod:`trace_train.report.links`).
 A row or section the run does not have is shown and marked (with the reason), never dropped.
 
 It reads only the files the stages wrote, so it can be rebuilt at any time: ``write_report(run_dir)``.
@@ -87,7 +88,18 @@ def build_document(run_dir: str | Path) -> Document:
     _train_section(doc, run, stages)
     _compose_section(doc, run, stages)
     _results_section(doc, run, stages)
+    _links_section(doc, run, stages)
     return doc
+
+
+def _links_section(doc: Document, run: Path, stages: dict) -> None:
+    from .links import compute_links, links_section
+
+    if _load(run / "eval" / "results.json") is None:
+        doc.h(1, "Links: where the claim holds and where it breaks")
+        doc.note(_missing_note(stages, "evaluate"))
+        return
+    links_section(doc, compute_links(run))
 
 
 def _base_label(base: dict) -> str:

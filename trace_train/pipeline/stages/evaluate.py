@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import parse_seeds
 from .common import (_fast_decode, _selected, _tiny_episodes_seconds, base_agent_factory, base_env_kwargs_fn,
-                     base_model_path, model_env_kwargs_fn)
+                     base_model_path, capability_envs, model_env_kwargs_fn)
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,10 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
         jobs.append(dict(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
                          out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), in_flight=e.in_flight,
                          env_kwargs=per_env, progress=ctx.progress))
-    _run_method_rollouts(jobs, e.workers)
+    env_jobs, env_copies = _env_jobs(ctx, rows, same_as_base, model)
+    _run_method_rollouts(jobs + env_jobs, e.workers)
+    for source, target, key in env_copies:  # an adapter that is the base: the base's episodes are its own
+        _episodes_as(source, target, key)
     outs = {job["key"]: job["out"] for job in jobs}
     for key in same_as_base:
         outs[key] = _episodes_as(base_traj, ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), key)
@@ -146,6 +149,35 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
     return ["eval"], {"methods": {k: (v.get("overall", {}).get("pass@1") or {}).get("value")
                                   for k, v in results.items() if v.get("available")},
                       "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
+
+
+def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tuple[list[dict], list[tuple]]:
+    """The learning link's episodes (L2): the base and each capability's adapter on ``evaluate.env_seeds`` of
+    that capability's own env, into ``eval/env/<capability>/<base|adapter>/``; and the (source, target, key)
+    copies for adapters that are the base."""
+    e = ctx.cfg.evaluate
+    if not e.env_seeds:
+        return [], []
+    seeds = parse_seeds("evaluate.env_seeds", e.env_seeds)
+    makes = {key: make for key, _, make, _, _ in rows}
+    if makes.get("base") is None:
+        return [], []
+    kwargs = model_env_kwargs_fn(model, (ctx.cfg.train.options or {}).get("env_kwargs"))
+    jobs, copies = [], []
+    for cap, info in capability_envs(ctx).items():
+        key = f"adapter:{cap}"
+        if makes.get(key) is None:
+            continue
+        env_id = info["env_id"]
+        outs = {who: ctx.path("eval", "env", cap, who, "trajectories.jsonl") for who in ("base", "adapter")}
+        plays = [("base", makes["base"])] + ([] if key in same_as_base else [("adapter", makes[key])])
+        for who, make in plays:
+            jobs.append(dict(key=f"env:{cap}:{who}", make=make, targets=[env_id], seeds=seeds, samples=1,
+                             out=outs[who], in_flight=e.in_flight, env_kwargs={env_id: kwargs(env_id)},
+                             progress=ctx.progress))
+        if key in same_as_base:
+            copies.append((outs["base"], outs["adapter"], f"env:{cap}:adapter"))
+    return jobs, copies
 
 
 #: The note of a result row whose episodes are the base's (see :func:`_same_weights_as_base`).
@@ -325,5 +357,10 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     composer = int("trace_moe" in e.methods)
     per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
     workers = min(e.workers, methods)
-    return (math.ceil(methods / workers) * sum(per_method) / methods,
-            f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else ""))
+    seconds = math.ceil(methods / workers) * sum(per_method) / methods
+    note = f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else "")
+    if e.env_seeds:  # the learning link: base and adapter on each capability env's held-out seeds
+        m = len(parse_seeds("evaluate.env_seeds", e.env_seeds))
+        seconds += 2 * k * _tiny_episodes_seconds(m, e.in_flight, fast) / max(1, min(e.workers, 2 * k))
+        note += f", + base and adapter × {m} seeds of each capability env"
+    return seconds, note

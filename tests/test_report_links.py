@@ -1,0 +1,110 @@
+"""The report's link table (trace_train.report.links) on a small hand-made run with known per-family results.
+
+Two capabilities, each diagnosed on one target family (A on ``f1``, B on ``f2``), and a third family ``f3`` the
+base half solves. By construction: SFT lifts ``f1`` only (L1 holds for A, not for B); GRPO lifts A's own env
+and B's env was not measured (L2 partly measured); adapter A lifts ``f1`` and keeps ``f3``, adapter B lifts
+nothing (L3 fails for B); the MoE lifts ``f1`` and ``f2`` and beats both adapters (L4 holds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SEEDS = range(20)
+
+
+def _episodes(env_id: str, agent: str, outcome) -> list[dict]:
+    """One record per (family, seed); ``outcome(family, seed) -> success``."""
+    out = []
+    for family in ("f1", "f2", "f3"):
+        for s in SEEDS:
+            ok = bool(outcome(family, s))
+            out.append({"env_id": env_id, "seed": 100 * int(family[1]) + s, "sample": 0, "agent": agent,
+                        "scenario": family, "success": ok, "reward": float(ok), "termination": "agent_stop",
+                        "reward_breakdown": {"informed": float(ok)}})
+    return out
+
+
+def _write(path: Path, records: list[dict]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    from trace_train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    for cap, family in (("cap_a", "f1"), ("cap_b", "f2")):
+        spec = {"name": cap, "failure_families": {family: 5}}
+        (run / "diagnosis" / "specs").mkdir(parents=True, exist_ok=True)
+        (run / "diagnosis" / "specs" / f"{cap}.json").write_text(json.dumps(spec))
+    half = lambda f, s: f == "f3" and s % 2 == 0  # noqa: E731 - the base: half of f3, nothing else
+    methods = {
+        "base": half,
+        "sft": lambda f, s: f == "f1" or half(f, s),
+        "adapter:cap_a": lambda f, s: f == "f1" or half(f, s),
+        "adapter:cap_b": half,
+        "trace_moe": lambda f, s: f in ("f1", "f2") or half(f, s),
+    }
+    results = {"methods": {}, "n_seeds": 60, "samples": 1, "temperature": 0.0, "ks": [1]}
+    for key, outcome in methods.items():
+        rel = Path("eval") / key.replace(":", "_") / "trajectories.jsonl"
+        _write(run / rel, _episodes("trace/target-v0", key, outcome))
+        metrics = evaluate(run / rel, ks=(1,), n_boot=0)
+        results["methods"][key] = {"label": key, "available": True, "trajectories": str(rel),
+                                   "overall": metrics["overall"]}
+    (run / "eval" / "results.json").write_text(json.dumps(results))
+    env = lambda agent, rate: [{"env_id": "gen/cap_a-v0", "seed": s, "sample": 0, "agent": agent,  # noqa: E731
+                                "success": s < rate, "reward": float(s < rate), "termination": "agent_stop",
+                                "reward_breakdown": {"evidence": 1.0, "informed": float(s < rate)}}
+                               for s in range(30)]
+    _write(run / "eval" / "env" / "cap_a" / "base" / "trajectories.jsonl", env("base", 3))
+    _write(run / "eval" / "env" / "cap_a" / "adapter" / "trajectories.jsonl", env("adapter", 27))
+    return run
+
+
+def test_the_links_follow_the_per_family_results(run_dir):
+    from trace_train.report.links import capability_families, compute_links
+
+    assert capability_families(run_dir) == {"cap_a": ["f1"], "cap_b": ["f2"]}
+    links = compute_links(run_dir, n_boot=500, seed=0)
+
+    l1 = {r["capability"]: r for r in links["L1"]["rows"]}
+    assert l1["cap_a"]["delta"]["value"] == pytest.approx(1.0) and l1["cap_a"]["held"] is True
+    assert l1["cap_b"]["delta"]["value"] == pytest.approx(0.0) and l1["cap_b"]["held"] is False
+    assert links["L1"]["verdict"] == "failed"
+    assert links["L1"]["per_family"]["f3"]["value"] == pytest.approx(0.0)
+
+    l2 = {r["capability"]: r for r in links["L2"]["rows"]}
+    assert l2["cap_a"]["delta"]["value"] == pytest.approx((27 - 3) / 30) and l2["cap_a"]["held"] is True
+    assert l2["cap_a"]["breakdown"]["base"]["informed"] == pytest.approx(0.1)
+    assert l2["cap_a"]["breakdown"]["adapter"]["informed"] == pytest.approx(0.9)
+    assert l2["cap_b"]["delta"] is None and links["L2"]["verdict"] == "partly measured"
+
+    l3 = {r["capability"]: r for r in links["L3"]["rows"]}
+    assert l3["cap_a"]["delta"]["value"] == pytest.approx(1.0)
+    assert l3["cap_a"]["others"]["value"] == pytest.approx(0.0) and l3["cap_a"]["held"] is True
+    assert l3["cap_b"]["delta"]["value"] == pytest.approx(0.0) and l3["cap_b"]["held"] is False
+    assert links["L3"]["verdict"] == "failed"
+
+    l4 = links["L4"]
+    assert l4["overall"]["value"] == pytest.approx(40 / 60) and l4["overall"]["ci"][0] > 0
+    assert l4["moe"] == pytest.approx(50 / 60) and l4["best_single"] == ("adapter:cap_a", pytest.approx(30 / 60))
+    assert l4["per_family"]["f2"]["value"] == pytest.approx(1.0) and l4["verdict"] == "held"
+    assert links["L4"]["sentence"].startswith("L4 held")
+    assert "cap_b +0.000" in links["L3"]["sentence"]
+
+
+def test_the_report_has_the_links_section(run_dir):
+    from trace_train.report.run_report import write_report
+
+    paths = write_report(run_dir)
+    text = paths.markdown.read_text()
+    assert "# Links: where the claim holds and where it breaks" in text
+    assert "| L4 | composition |" in text and "L3 failed" in text
+    assert "| f2 |" in text  # the per-family table

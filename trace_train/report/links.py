@@ -1,0 +1,247 @@
+"""The claim of a run as a chain of four links, each with its own measurement (the report's "Links").
+
+TRACE claims that training exactly the capabilities a diagnosis found, and composing them, lifts the agent on
+its target. When it does not, "the tiny model" is no answer: one of four links broke, and each is measured on
+its own so that the failure points at it.
+
+=====  ===================  =================================================================================
+link   question             measured as (paired bootstrap over tasks, from the run's trajectory files)
+=====  ===================  =================================================================================
+L1     transfer ceiling     SFT on the capability envs' oracle episodes vs the base, on the target, per family
+L2     learning             the GRPO adapter vs the base on its own env's held-out seeds: success, breakdown
+L3     transfer             the adapter vs the base on the target: on its capability's families, and on the rest
+L4     composition          the MoE vs the base and vs the best single adapter, on the target, per family
+=====  ===================  =================================================================================
+
+A capability's *families* are the target's task families its diagnosed failures came from
+(``failure_families`` of ``diagnosis/specs/<capability>.json``). A link *held* when its interval says so:
+
+* L1, L3: the Δ pass@1 on the capability's families is above zero outside its interval (and, for L3, the Δ on
+  the other families is not below zero outside its interval: a gain bought with the base's other wins is no
+  transfer);
+* L2: the Δ success on the env's held-out seeds is above zero outside its interval;
+* L4: the MoE is above the base outside the interval and at least equal to the best single adapter.
+
+Every input is a file the stages wrote (``eval/results.json``, ``eval/<method>/trajectories.jsonl``,
+``eval/env/<capability>/<base|adapter>/trajectories.jsonl``, ``diagnosis/specs/*.json``), so the table is
+rebuilt from them at any time: :func:`compute_links`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LINKS = {
+    "L1": ("transfer ceiling", "does supervised training on the capability envs' oracle episodes lift the target "
+                               "on the families each capability covers?"),
+    "L2": ("learning", "does GRPO raise each capability env's own success on held-out env seeds?"),
+    "L3": ("transfer", "does each GRPO adapter lift the target on its capability's families, without losing "
+                       "the others?"),
+    "L4": ("composition", "does the token-level MoE beat the base, and match the best single adapter?"),
+}
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def capability_families(run_dir: str | Path) -> dict[str, list[str]]:
+    """Each diagnosed capability's target families, most failures first (from ``diagnosis/specs``)."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(Path(run_dir, "diagnosis", "specs").glob("*.json")):
+        spec = _load(path) or {}
+        families = spec.get("failure_families") or {}
+        if isinstance(families, dict):
+            out[str(spec.get("name", path.stem))] = [f for f, _ in sorted(families.items(), key=lambda kv: -kv[1])]
+    return out
+
+
+def _scenario(record: dict) -> str | None:
+    s = record.get("scenario")
+    if s is None and isinstance(record.get("task"), dict):
+        s = record["task"].get("scenario")
+    return None if s is None else str(s)
+
+
+def _delta(base: list[dict], cand: list[dict], n_boot: int, seed: int, metric: str = "pass@1") -> dict | None:
+    """The paired Δ of ``metric`` (candidate − base) over the tasks both have, with its interval and sizes."""
+    from trace_train.evaluate import compare
+
+    if not base or not cand:
+        return None
+    cmp = compare(base, cand, ks=(1,), n_boot=n_boot, seed=seed)
+    d = cmp["delta"].get(metric)
+    if not d:
+        return None
+    return {"value": d["value"], "ci": d.get("ci"), "tasks": cmp["shared_tasks"],
+            "base": cmp["base"]["overall"].get(metric, {}).get("value"),
+            "candidate": cmp["candidate"]["overall"].get(metric, {}).get("value")}
+
+
+def _above(d: dict | None) -> bool | None:
+    """Whether the interval of ``d`` lies above zero (None: not measured; no interval: the value decides)."""
+    if d is None or d.get("value") is None:
+        return None
+    ci = d.get("ci")
+    lo = ci[0] if ci and ci[0] is not None else d["value"]
+    return bool(lo > 0)
+
+
+def _not_below(d: dict | None) -> bool | None:
+    if d is None or d.get("value") is None:
+        return None
+    ci = d.get("ci")
+    hi = ci[1] if ci and ci[1] is not None else d["value"]
+    return bool(hi >= 0)
+
+
+def _select(records: list[dict], families: set[str], inside: bool) -> list[dict]:
+    return [r for r in records if (_scenario(r) in families) == inside]
+
+
+def _verdict(parts: list[bool | None]) -> str:
+    if not parts or any(p is None for p in parts):
+        return "not measured" if not parts or all(p is None for p in parts) else "partly measured"
+    return "held" if all(parts) else "failed"
+
+
+def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The four links of a run directory: per link its rows (one per capability or family), its verdict
+    (``held``, ``failed``, ``not measured``) and a sentence saying so."""
+    from trace_train.evaluate import load_records
+
+    run = Path(run_dir)
+    res = _load(run / "eval" / "results.json") or {}
+    methods = res.get("methods") or {}
+
+    def records_of(key: str) -> list[dict]:
+        m = methods.get(key) or {}
+        if not m.get("available") or not m.get("trajectories"):
+            return []
+        path = run / m["trajectories"]
+        return load_records(path) if path.exists() else []
+
+    families = capability_families(run)
+    base = records_of("base")
+    all_families = sorted({f for f in (_scenario(r) for r in base) if f is not None})
+    out: dict[str, dict] = {}
+
+    # L1: SFT vs base on each capability's families (the SFT baseline trains on every capability env at once).
+    sft = records_of("sft")
+    rows, parts = [], []
+    for cap, fams in families.items():
+        d = _delta(_select(base, set(fams), True), _select(sft, set(fams), True), n_boot, seed)
+        rows.append({"capability": cap, "families": fams, "delta": d, "held": _above(d)})
+        parts.append(_above(d))
+    per_family = {f: _delta(_select(base, {f}, True), _select(sft, {f}, True), n_boot, seed) for f in all_families}
+    out["L1"] = {"rows": rows, "per_family": per_family, "verdict": _verdict(parts)}
+
+    # L2: each adapter vs the base on its own env's held-out seeds (success, and what paid the reward).
+    rows, parts = [], []
+    for cap in families:
+        env_dir = run / "eval" / "env" / cap
+        before, after = (load_records(env_dir / who / "trajectories.jsonl")
+                         if (env_dir / who / "trajectories.jsonl").exists() else [] for who in ("base", "adapter"))
+        d = _delta(before, after, n_boot, seed)
+        rows.append({"capability": cap, "delta": d, "held": _above(d),
+                     "breakdown": {"base": _breakdown(before), "adapter": _breakdown(after)}})
+        parts.append(_above(d))
+    out["L2"] = {"rows": rows, "verdict": _verdict(parts)}
+
+    # L3: each adapter vs the base on its capability's families, and on every other family.
+    rows, parts = [], []
+    for cap, fams in families.items():
+        adapter = records_of(f"adapter:{cap}")
+        inside = _delta(_select(base, set(fams), True), _select(adapter, set(fams), True), n_boot, seed)
+        others = _delta(_select(base, set(fams), False), _select(adapter, set(fams), False), n_boot, seed)
+        held = None if inside is None else bool(_above(inside) and _not_below(others) is not False)
+        rows.append({"capability": cap, "families": fams, "delta": inside, "others": others, "held": held})
+        parts.append(held)
+    out["L3"] = {"rows": rows, "verdict": _verdict(parts)}
+
+    # L4: the MoE vs the base per family and overall, and vs the best single adapter.
+    moe = records_of("trace_moe")
+    per_family = {f: _delta(_select(base, {f}, True), _select(moe, {f}, True), n_boot, seed) for f in all_families}
+    overall = _delta(base, moe, n_boot, seed)
+    singles = {key: (m.get("overall", {}).get("pass@1") or {}).get("value") for key, m in methods.items()
+               if key.startswith("adapter:") and m.get("available")}
+    singles = {k: v for k, v in singles.items() if v is not None}
+    best = max(singles.items(), key=lambda kv: kv[1]) if singles else None
+    moe_value = ((methods.get("trace_moe") or {}).get("overall", {}).get("pass@1") or {}).get("value")
+    parts = [_above(overall), None if best is None or moe_value is None else bool(moe_value >= best[1] - 1e-12)]
+    out["L4"] = {"overall": overall, "per_family": per_family, "best_single": best, "moe": moe_value,
+                 "verdict": _verdict(parts)}
+    for link, entry in out.items():
+        entry["name"], entry["question"] = LINKS[link]
+        entry["sentence"] = _sentence(link, entry)
+    return out
+
+
+def _breakdown(records: list[dict]) -> dict[str, float]:
+    from trace_train.evaluate import breakdown_summary
+
+    return breakdown_summary(records) if records else {}
+
+
+def _fmt(d: dict | None) -> str:
+    if d is None or d.get("value") is None:
+        return "–"
+    ci = d.get("ci")
+    if ci and ci[0] is not None:
+        return f"{d['value']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    return f"{d['value']:+.3f}"
+
+
+def _sentence(link: str, entry: dict) -> str:
+    verdict = entry["verdict"]
+    if link == "L4":
+        best = entry.get("best_single")
+        best_text = f"the best single adapter ({best[0].split(':', 1)[-1]}, {best[1]:.3f})" if best else \
+            "no single adapter"
+        moe = f"{entry['moe']:.3f}" if entry.get("moe") is not None else "–"
+        return (f"L4 {verdict}: the MoE scores {moe}, Δ vs base {_fmt(entry.get('overall'))}, against "
+                f"{best_text}.")
+    rows = entry.get("rows") or []
+    if not rows:
+        return f"{link} not measured: the run diagnosed no capability."
+    parts = []
+    for row in rows:
+        text = f"{row['capability']} {_fmt(row.get('delta'))}"
+        if link == "L3":
+            text += f" (other families {_fmt(row.get('others'))})"
+        parts.append(text)
+    what = {"L1": "SFT vs base on the capabilities' families", "L2": "success on the envs' held-out seeds",
+            "L3": "adapter vs base on its families"}[link]
+    return f"{link} {verdict}: {what}: " + "; ".join(parts) + "."
+
+
+def links_section(doc, links: dict) -> None:
+    """The "Links" section of a run report (``doc``: :class:`trace_train.report.document.Document`)."""
+    doc.h(1, "Links: where the claim holds and where it breaks")
+    doc.p("Each link of the claim is measured on its own (paired bootstrap intervals over tasks), so that a "
+          "result that does not reach the target names the link that failed.")
+    rows = [[link, e["name"], e["question"], e["verdict"]] for link, e in links.items()]
+    doc.table(["link", "name", "question", "verdict"], rows)
+    for link in ("L1", "L2", "L3", "L4"):
+        doc.p(links[link]["sentence"])
+    l1, l4 = links["L1"], links["L4"]
+    families = sorted(set(l1.get("per_family") or {}) | set(l4.get("per_family") or {}))
+    if families:
+        doc.table(["family", "SFT − base (L1)", "MoE − base (L4)"],
+                  [[f, _fmt((l1.get("per_family") or {}).get(f)), _fmt((l4.get("per_family") or {}).get(f))]
+                   for f in families],
+                  "Δ pass@1 per target family, with 95% paired bootstrap intervals.")
+    l2 = [r for r in links["L2"]["rows"] if r.get("delta")]
+    if l2:
+        keys = sorted({k for r in l2 for side in r["breakdown"].values() for k in side})
+        doc.table(["capability", "success before", "success after", "Δ success"] + [f"{k} (before → after)"
+                                                                                    for k in keys],
+                  [[r["capability"], f"{r['delta']['base']:.3f}", f"{r['delta']['candidate']:.3f}", _fmt(r["delta"])]
+                   + [f"{r['breakdown']['base'].get(k, float('nan')):.2f} → "
+                      f"{r['breakdown']['adapter'].get(k, float('nan')):.2f}" for k in keys] for r in l2],
+                  "L2 on each capability env's held-out seeds: success, and the mean of each reward component.")
