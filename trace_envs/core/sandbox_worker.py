@@ -34,23 +34,9 @@ def _prepare(init: dict) -> None:
 def describe_class(cls: type) -> dict:
     """What a caller may ask of the env class without importing it: its ``hint_text`` and the keyword
     arguments its constructor takes (following ``**kwargs`` handed on to a parent's constructor)."""
-    import inspect
+    from .introspect import constructor_params
 
-    names: list[str] = []
-    var_keyword = True
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        try:
-            params = inspect.signature(init).parameters
-        except (TypeError, ValueError):
-            break
-        names += [p for p, v in params.items() if p != "self" and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)
-                  and p not in names]
-        if not any(v.kind is v.VAR_KEYWORD for v in params.values()):
-            var_keyword = False
-            break
+    names, var_keyword = constructor_params(cls)
     hint = getattr(cls, "hint_text", None)
     return {"name": cls.__name__, "doc": (cls.__doc__ or "")[:4000], "hint_text": hint if isinstance(hint, str) else None,
             "init_params": names, "var_keyword": var_keyword}

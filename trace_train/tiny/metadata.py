@@ -16,29 +16,14 @@ from pathlib import Path
 
 def env_accepts(env_id: str, kwarg: str) -> bool:
     """Whether the env class registered as ``env_id`` takes ``kwarg`` in its constructor."""
-    import inspect
-
     import trace_envs
+    from trace_envs.core.introspect import accepts
 
     try:
         cls = trace_envs.get_entry(env_id).load_class()
     except Exception:
         return False
-    # A constructor that takes ``**kwargs`` usually hands them on to its parent's (structured data
-    # reasoning's does): the parent's parameters then decide, up to one that names them all.
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        try:
-            params = inspect.signature(init).parameters
-        except (TypeError, ValueError):
-            return False
-        if kwarg in params:
-            return True
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return False
-    return True
+    return accepts(cls, kwarg)
 
 
 def prompt_env_kwargs(env_id: str, prompt: str = "compact") -> dict:
