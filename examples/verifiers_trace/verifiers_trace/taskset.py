@@ -76,7 +76,7 @@ class TraceTask(vf.Task[TraceData, TraceState]):
         return trace.state.done
 
     @vf.reward
-    def trace_reward(self, trace: vf.Trace) -> float:
+    async def trace_reward(self, trace: vf.Trace) -> float:  # verifiers awaits every reward
         """The TRACE env's reward; 0 for an episode that did not terminate."""
         state = trace.state
         # traces.jsonl keeps info, not state: record the env's own account of the episode there.

@@ -12,6 +12,7 @@ termination, transcript) is pushed to the rollout's state.
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
@@ -56,7 +57,7 @@ class TraceToolset(vf.Toolset[TraceToolsetConfig, TraceState]):
         self.episode = factory()
         self.episode.reset(seed=task.seed)
         user = {"type": "function", "function": {
-            "name": USER_TOOL, "description": (factory.send_message_to_user.__doc__ or "").strip(),
+            "name": USER_TOOL, "description": inspect.cleandoc(factory.send_message_to_user.__doc__ or ""),
             "parameters": {"type": "object", "properties": {"message": {
                 "type": "string", "description": "the text of the message to the user."}}, "required": ["message"]}}}
         self.schemas = [*factory.tool_schemas, user]
