@@ -288,3 +288,33 @@ def test_oracle_through_the_verifiers_env_reaches_reward_one(verifiers_python, t
     records = check_against_trace(episodes)
     assert [r["reward"] for r in records] == [1.0] * len(SEEDS), records
     assert all(r["termination"] == "agent_stop" and r["calls"] >= 2 for r in records), records
+
+
+MISTAKES = [("list_warehouses", {}), ("get_stock", {"warehouse_id": 7}), ("get_stock", {"wid": "WH-01"}),
+            (adapter.USER_TOOL, {"text": "?"}),
+            ("submit_total", {"total": -1}), ("submit_total", {"total": 0})]
+
+
+@pytest.mark.slow
+def test_bad_calls_reach_the_env_as_sent(verifiers_python, tmp_path):
+    """Wrong argument types, unknown arguments and a wrong answer go to the TRACE env unvalidated by MCP: the env
+    answers them with its own errors, and the reward (0) and transcript are what the env gives those calls."""
+
+    def script(messages):
+        turn = sum(m["role"] == "assistant" for m in messages)
+        if turn >= len(MISTAKES):
+            return {"content": "Done."}
+        name, arguments = MISTAKES[turn]
+        return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+    endpoint = OpenAIEndpoint(script=script)
+    try:
+        episodes = run_eval(verifiers_python, tmp_path, endpoint.url, "mistakes", max_turns=16, max_tokens=64)
+    finally:
+        endpoint.close()
+    records = check_against_trace(episodes)
+    assert all(r["reward"] == 0.0 and r["termination"] == "agent_stop" and r["calls"] == len(MISTAKES)
+               for r in records), records
+    tool_texts = [m["content"] for m in rollout_of(episodes[0])["info"]["trace_env"]["messages"] if m["role"] == "tool"]
+    assert tool_texts[1].startswith("Error: invalid arguments for get_stock")
+    assert "unexpected argument 'wid'" in tool_texts[2]
