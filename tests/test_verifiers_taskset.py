@@ -19,6 +19,7 @@ loopback relay that forwards every request and adds the sentinel (nothing else c
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -59,13 +60,16 @@ def verifiers_python() -> Path:
     key = hashlib.sha256(json.dumps([requirements, sys.version_info[:2]]).encode()).hexdigest()[:16]
     venv = Path(os.environ.get("TRACE_VERIFIERS_VENV", Path.home() / ".cache" / "trace" / "verifiers-venv")) / key
     python = venv / "bin" / "python"
-    if not (venv / ".ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        out = subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements],
-                             capture_output=True, text=True, timeout=1800)
-        if out.returncode != 0:
-            raise RuntimeError(f"installing {requirements} into {venv} failed:\n{out.stderr[-3000:]}")
-        (venv / ".ready").write_text("\n".join(requirements) + "\n")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test session may be building the same venv
+        if not (venv / ".ready").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            out = subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements],
+                                 capture_output=True, text=True, timeout=1800)
+            if out.returncode != 0:
+                raise RuntimeError(f"installing {requirements} into {venv} failed:\n{out.stderr[-3000:]}")
+            (venv / ".ready").write_text("\n".join(requirements) + "\n")
     return python
 
 
@@ -279,7 +283,7 @@ def _oracle_script():
 
 @pytest.mark.slow
 def test_oracle_through_the_verifiers_env_reaches_reward_one(verifiers_python, tmp_path):
-    """The same taskset, harness and tool server, with a scripted model that plays the oracle: reward 1.0 on every seed."""
+    """The same taskset, harness and tool server, with a scripted model playing the oracle: 1.0 on every seed."""
     endpoint = OpenAIEndpoint(script=_oracle_script())
     try:
         episodes = run_eval(verifiers_python, tmp_path, endpoint.url, "oracle", max_turns=16, max_tokens=64)

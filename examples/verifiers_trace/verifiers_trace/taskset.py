@@ -70,6 +70,13 @@ class TraceTask(vf.Task[TraceData, TraceState]):
 
         return [TraceToolset(TraceToolsetConfig())]
 
+    async def validate(self, runtime: vf.Runtime) -> bool | None:
+        """The gold check (``vf-validate``): TRACE's oracle solves this seed with reward 1.0."""
+        from trace_envs import OracleAgent, rollout
+
+        record = rollout(self.data.env_id, OracleAgent(), seed=self.data.seed, env_kwargs=self.data.env_kwargs)
+        return record["reward"] == 1.0
+
     @vf.stop
     def episode_over(self, trace: vf.Trace) -> bool:
         """End the rollout once the TRACE env ended the episode (later calls could only be refused)."""
