@@ -200,6 +200,7 @@ def test_oracle_through_the_tools_earns_the_env_reward(example_cls):
             assert _method(env, name)(**args) == result
         assert env.done and env.termination == "agent_stop"
         assert env.get_reward() == reference["reward"] == 1.0
+        assert env.reward_breakdown == reference["reward_breakdown"]
         assert env.messages == reference["messages"]
 
 

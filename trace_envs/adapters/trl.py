@@ -333,6 +333,11 @@ class TraceTRLEnvironment:
         return float(self._final["reward"]) if self._terminated and self._final else None
 
     @property
+    def reward_breakdown(self) -> dict:
+        """The env's reward breakdown once the episode terminated, else ``{}``."""
+        return dict((self._final or {}).get("reward_breakdown") or {}) if self._terminated else {}
+
+    @property
     def termination(self) -> str | None:
         """The env's termination reason; ``max_steps`` if ``max_episode_steps`` cut the episode;
         ``unfinished`` once ``get_reward`` closed an episode TRL stopped early; None while running."""
