@@ -141,6 +141,53 @@ def _lora(model, seed=0):
     return peft_model
 
 
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k):
+    """A token-level MoE (two LoRA experts, gates that send tokens to every slot) on the fast path: the tokens
+    of its own ``generate``, except at a float-rounding tie, as for the plain model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.compose import ComposedModel
+    from trace_train.tiny.fast_decode import FastDecoder, auto_applies
+
+    path, _, tok = tiny
+    adapters = {}
+    for i, name in enumerate(("alpha", "beta")):
+        peft_model = _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1)
+        peft_model.save_pretrained(tmp_path / name)
+        adapters[name] = str(tmp_path / name)
+    composed = ComposedModel.build(path, adapters, top_k=top_k).eval()
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for g in composed.gates:  # a trained-like router: every slot wins some tokens
+            g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * 0.5)
+            g.bias.zero_()
+    assert auto_applies(composed)
+    eos = _eos(tok)
+    _, prompts = _first_prompts(tok, range(8))
+    composed.keep_choices = True
+    with torch.no_grad():
+        composed(input_ids=torch.tensor([prompts[0]]))
+    used = set(torch.cat([r.choice.flatten() for r in composed.routers]).tolist())
+    composed.keep_choices = False
+    assert used == {0, 1, 2}, used
+    got = [g.tokens for g in FastDecoder(composed).generate(prompts, 16, eos)]
+    want = [_generate_reference(composed, p, eos, 16) for p in prompts]
+    exact = 0
+    for prompt, g, w in zip(prompts, got, want):
+        j = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), None)
+        if j is None:
+            assert len(g) == len(w)
+            exact += 1
+            continue
+        top = _logits(composed, prompt + w[:j]).topk(2)
+        assert float(top.values[0] - top.values[1]) < 1e-4 and {g[j], w[j]} == set(top.indices.tolist()), (j, top)
+    assert exact >= 6
+    with composed.force_routing(1):  # forced (per-episode) routing keeps generate()
+        assert not auto_applies(composed)
+
+
 def test_sampled_tokens_carry_the_policys_logprobs(nano):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

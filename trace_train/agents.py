@@ -293,9 +293,10 @@ class HFAgent:
             most of the prompt encoding). Up to ``2 * batch_size`` conversations are kept.
         name: agent name in trajectories (default: the model folder's name).
         decode: ``hf`` generates with ``model.generate``; ``fast`` with :class:`trace_train.tiny.fast_decode.FastDecoder`
-            (a hand-written loop for Qwen3-architecture models, optionally with a PEFT LoRA: the prefix the
-            batch shares is attended once for all rows, tested token-for-token against ``generate``), and with
-            ``generate`` (and a warning) for a model it does not take, e.g. a composed one; ``auto`` (default)
+            (a hand-written loop for Qwen3-architecture models, optionally with a PEFT LoRA or as a token-level
+            composed model: the prefix the batch shares is attended once for all rows, tested token-for-token
+            against ``generate``), and with ``generate`` (and a warning) for a model it does not take, e.g. a
+            composed one with per-episode routing; ``auto`` (default)
             takes ``fast`` for the tiny presets' models on CPU and ``hf`` for every other model.
             ``agent.decode`` says which one is in use.
         top_k: top-k filter when sampling; None is what ``generate`` uses (the model's generation config, else 50).
@@ -366,7 +367,7 @@ class HFAgent:
         use_fast = decode == "auto" and str(device).startswith("cpu") and fast_decode.auto_applies(self.model)
         if decode == "fast":
             use_fast, why = fast_decode.supported(self.model)
-            if not use_fast:  # e.g. a composed model: it keeps generate()
+            if not use_fast:  # e.g. per-episode routing: it keeps generate()
                 logger.warning("%s: decode='fast' does not apply to this model (%s); using generate()", self.name, why)
         if use_fast:
             self.decoder = fast_decode.FastDecoder(self.model, store_limit=max(2, 2 * batch_size) if prefix_cache

@@ -214,6 +214,8 @@ def _sentence(link: str, entry: dict) -> str:
         text = f"{row['capability']} {_fmt(row.get('delta'))}"
         if link == "L3":
             text += f" (other families {_fmt(row.get('others'))})"
+        if row.get("held") is not None:
+            text += ", held" if row["held"] else ", failed"
         parts.append(text)
     what = {"L1": "SFT vs base on the capabilities' families", "L2": "success on the envs' held-out seeds",
             "L3": "adapter vs base on its families"}[link]

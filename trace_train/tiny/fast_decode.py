@@ -7,7 +7,10 @@ every row's own copy of the ~1.8k-token system prompt and tool schemas that all 
 decodes the same model with:
 
 * the weights read once per call into plain tensors (a PEFT LoRA merged into its base weights; q/k/v and
-  gate/up fused into one matrix each), and a forward of a few dozen torch ops per token;
+  gate/up fused into one matrix each), and a forward of a few dozen torch ops per token; a token-level
+  composed model (:class:`trace_train.compose.ComposedModel`) keeps its gates and routed experts apart, each
+  block routing its tokens as the composer's own forward does (every expert stacked and masked by the
+  tokens' gating weights, which at a few experts of rank 8-16 costs less than grouping the tokens);
 * the prefix the rows of a batch share (the policy and tool schemas, and a group's common first prompt) held
   once and attended by every row together ("shared-prefix attention": one matmul over the prefix for all
   rows, a second over each row's own tokens, one softmax over both);
@@ -43,8 +46,16 @@ class Unsupported(Exception):
     """The model is not one :class:`FastDecoder` can run; the caller falls back to ``generate``."""
 
 
+def _is_composed(model: Any) -> bool:
+    """A :class:`trace_train.compose.ComposedModel` (gates and routed LoRA experts over a frozen base)."""
+    return type(model).__name__ == "ComposedModel" and hasattr(model, "gates") and hasattr(model, "routers")
+
+
 def _base_model(model: Any) -> Any:
-    """The transformers model under a PEFT wrapper (LoRA layers stay injected in its modules)."""
+    """The transformers model under a PEFT wrapper (LoRA layers stay injected in its modules) or under a
+    composed model (its routed projections stay in its modules)."""
+    if _is_composed(model):
+        return model.model
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -66,6 +77,9 @@ def auto_applies(model: Any) -> bool:
 
 
 def _check(model: Any) -> None:
+    if _is_composed(model) and (model.routing != "token" or model.forced is not None):
+        # One adapter per episode differs per row, so the rows of a batch could not share the prefix's keys.
+        raise Unsupported("per-episode (forced) routing")
     base = _base_model(model)
     config = getattr(base, "config", None)
     if type(base).__name__ != "Qwen3ForCausalLM" or getattr(config, "model_type", None) != "qwen3":
@@ -96,6 +110,8 @@ def _linear(module: Any, check_only: bool = False):
 
     if type(module) is torch.nn.Linear:
         return None if check_only else (module.weight.detach(), None if module.bias is None else module.bias.detach())
+    if type(module).__name__ == "RoutedLoRALinear":  # a composed model's projection: its experts are routed
+        return _linear(module.base, check_only)
     base = getattr(module, "base_layer", None)
     if base is None or type(base) is not torch.nn.Linear or not hasattr(module, "lora_A"):
         raise Unsupported(f"a {type(module).__name__} layer")
@@ -131,6 +147,33 @@ class _Layer:
     ln2: Any
     wgu: Any
     wd: Any
+    router: "_Router | None" = None  # a composed model's gate and routed experts of this block
+
+
+@dataclass
+class _Routed:
+    """The routed LoRA experts of one (possibly fused) projection: ``delta = ((x @ a.T) * mask) @ b.T``, with
+    ``mask`` the token's gating weight of each expert spread over that expert's rank columns."""
+
+    a: Any  # [R, in]: every expert's A of every part, stacked (experts' alpha / r folded into B)
+    b: Any  # [out, R]: the parts' B side by side, block-diagonal over the parts of a fused projection
+    reps: Any  # [parts * K] long: rank of expert k in part j at j * K + k
+    parts: int
+
+
+@dataclass
+class _Router:
+    """A block's gate (``Linear(hidden, K + 1)`` over the RMS-normalised block input; slot 0 = the base) and its
+    routed projections (None where a projection has no experts)."""
+
+    gate_w: Any
+    gate_b: Any
+    top_k: int
+    experts: int
+    qkv: _Routed | None
+    o: _Routed | None
+    gu: _Routed | None
+    d: _Routed | None
 
 
 @dataclass
@@ -150,16 +193,46 @@ class _Weights:
     device: Any
 
 
+def _routed(modules: list[Any], num_experts: int) -> _Routed | None:
+    """The stacked experts of ``modules`` (one projection, or the parts of a fused one), None if none is routed."""
+    import torch
+
+    routed = [m for m in modules if type(m).__name__ == "RoutedLoRALinear"]
+    if not routed:
+        return None
+    a_parts, reps, outs = [], [], []
+    for m in modules:
+        out_features = m.base.out_features if type(m).__name__ == "RoutedLoRALinear" else m.out_features
+        outs.append(out_features)
+        if type(m).__name__ == "RoutedLoRALinear":
+            a_parts.append(m.lora_A_all.detach())
+            reps += list(m.ranks)
+        else:
+            reps += [0] * num_experts
+    a = torch.cat(a_parts)
+    b = a.new_zeros(sum(outs), a.shape[0])
+    row = col = 0
+    for m, out_features in zip(modules, outs):
+        if type(m).__name__ == "RoutedLoRALinear":
+            width = m.lora_B_all.shape[1]
+            b[row:row + out_features, col:col + width] = m.lora_B_all.detach()
+            col += width
+        row += out_features
+    return _Routed(a=a, b=b, reps=torch.tensor(reps, dtype=torch.long, device=a.device), parts=len(modules))
+
+
 def read_weights(model: Any) -> _Weights:
-    """The model's weights as plain tensors (LoRA merged; q/k/v and gate/up fused)."""
+    """The model's weights as plain tensors (LoRA merged; q/k/v and gate/up fused; a composed model's gates and
+    routed experts kept apart, since they act per token)."""
     import torch
 
     _check(model)
     base = _base_model(model)
     config = base.config
+    gates = list(model.gates) if _is_composed(model) else None
     with torch.no_grad():
         layers = []
-        for layer in base.model.layers:
+        for li, layer in enumerate(base.model.layers):
             att, mlp = layer.self_attn, layer.mlp
             (wq, bq), (wk, bk), (wv, bv) = _linear(att.q_proj), _linear(att.k_proj), _linear(att.v_proj)
             bqkv = None if bq is None else torch.cat([bq, bk, bv])
@@ -173,7 +246,14 @@ def read_weights(model: Any) -> _Weights:
                                                      * config.num_attention_heads
                                                      + [att.k_norm.weight.detach()] * config.num_key_value_heads),
                                  wo=wo.contiguous(), bo=bo, ln2=layer.post_attention_layernorm.weight.detach(),
-                                 wgu=torch.cat([wg, wu]).contiguous(), wd=wd.contiguous()))
+                                 wgu=torch.cat([wg, wu]).contiguous(), wd=wd.contiguous(),
+                                 router=None if gates is None else _Router(
+                                     gate_w=gates[li].weight.detach(), gate_b=gates[li].bias.detach(),
+                                     top_k=int(model.top_k), experts=int(model.num_experts),
+                                     qkv=_routed([att.q_proj, att.k_proj, att.v_proj], model.num_experts),
+                                     o=_routed([att.o_proj], model.num_experts),
+                                     gu=_routed([mlp.gate_proj, mlp.up_proj], model.num_experts),
+                                     d=_routed([mlp.down_proj], model.num_experts))))
         lm_w, lm_b = _linear(base.lm_head)
         rotary = base.model.rotary_emb
         embed = base.model.embed_tokens.weight.detach()
@@ -332,15 +412,44 @@ class FastDecoder:
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self._weights.eps)
         return weight * x.to(dtype)
 
-    def _qkv(self, layer: _Layer, h, cos, sin):
+    def _route(self, layer: _Layer, h):
+        """A composed model's gating weights of this block for the tokens ``h [..., hidden]`` (the block's input):
+        ``[..., K]``, the chosen slots' softmax probabilities and zeros elsewhere (slot 0, the base, dropped), as
+        :class:`trace_train.compose.model.BlockRouter` computes them. None for a plain model."""
+        import torch
+        import torch.nn.functional as F
+
+        r = layer.router
+        if r is None:
+            return None
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        probs = torch.softmax(F.linear(x.to(r.gate_w.dtype), r.gate_w, r.gate_b).float(), dim=-1).to(h.dtype)
+        weights, slots = probs.topk(r.top_k, dim=-1)
+        return torch.zeros_like(probs).scatter_add_(-1, slots, weights)[..., 1:]
+
+    @staticmethod
+    def _delta(routed: _Routed | None, x, route):
+        """The routed experts' contribution to a projection of ``x`` (None when it has none)."""
+        if routed is None or route is None:
+            return None
+        mask = route.repeat(*([1] * (route.dim() - 1)), routed.parts).repeat_interleave(routed.reps, dim=-1)
+        return ((x @ routed.a.t()) * mask.to(x.dtype)) @ routed.b.t()
+
+    def _qkv(self, layer: _Layer, h, cos, sin, route=None):
         """q ``[..., heads, D]`` (times the attention scale), k and v ``[..., kv_heads, D]`` of hidden states
-        ``h [..., hidden]``; ``sin`` is the signed table of :meth:`_rope_table` (so that rotate-half is one roll)."""
+        ``h [..., hidden]``; ``sin`` is the signed table of :meth:`_rope_table` (so that rotate-half is one roll);
+        ``route`` the block's gating weights (:meth:`_route`) when the model is composed."""
         import torch
         import torch.nn.functional as F
 
         w = self._weights
         d = w.head_dim
-        qkv = F.linear(self._norm(h, layer.ln1), layer.wqkv, layer.bqkv)
+        x = self._norm(h, layer.ln1)
+        qkv = F.linear(x, layer.wqkv, layer.bqkv)
+        delta = self._delta(layer.router.qkv if layer.router else None, x, route)
+        if delta is not None:
+            qkv = qkv + delta
         qk, v = qkv.split([(w.heads + w.kv_heads) * d, w.kv_heads * d], dim=-1)
         qk = qk.unflatten(-1, (w.heads + w.kv_heads, d))
         # q_norm and k_norm over the heads together: normalise, then each head's own weight
@@ -354,12 +463,24 @@ class FastDecoder:
         q, k = qk.split([w.heads, w.kv_heads], dim=-2)
         return q, k, v.unflatten(-1, (w.kv_heads, d))
 
-    def _mlp_out(self, layer: _Layer, h, attn):
+    def _mlp_out(self, layer: _Layer, h, attn, route=None):
         import torch.nn.functional as F
 
-        h = h + F.linear(attn, layer.wo, layer.bo)
-        gate, up = F.linear(self._norm(h, layer.ln2), layer.wgu).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, layer.wd)
+        r = layer.router
+        o = F.linear(attn, layer.wo, layer.bo)
+        if r is not None and r.o is not None and route is not None:
+            o = o + self._delta(r.o, attn, route)
+        h = h + o
+        x = self._norm(h, layer.ln2)
+        gu = F.linear(x, layer.wgu)
+        if r is not None and r.gu is not None and route is not None:
+            gu = gu + self._delta(r.gu, x, route)
+        gate, up = gu.chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        down = F.linear(act, layer.wd)
+        if r is not None and r.d is not None and route is not None:
+            down = down + self._delta(r.d, act, route)
+        return h + down
 
     def _logits(self, h):
         import torch.nn.functional as F
@@ -396,7 +517,8 @@ class FastDecoder:
         hidden = ~torch.ones(n, m + n, dtype=torch.bool, device=w.device).tril(diagonal=m)
         new_kv = []
         for li, layer in enumerate(w.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)  # [n, heads, D], [n, kv, D]
+            route = self._route(layer, h)
+            q, k, v = self._qkv(layer, h, cos, sin, route)  # [n, heads, D], [n, kv, D]
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv, n, D]
             new_kv.append((k, v))
             own_k = torch.cat([past[li][0], k], dim=1) if m else k
@@ -411,7 +533,7 @@ class FastDecoder:
             if p:
                 out = out + torch.matmul(probs[..., :p].reshape(w.kv_heads, g * n, p), prefix.values[li])
             out = out.view(w.heads, n, w.head_dim).transpose(0, 1).reshape(n, w.heads * w.head_dim)
-            h = self._mlp_out(layer, h, out)
+            h = self._mlp_out(layer, h, out, route)
         return new_kv, self._logits(h[-1:])[0]
 
     def _choose(self, logits, temperature: float, top_k: int | None, top_p: float, generator):
@@ -540,7 +662,8 @@ class FastDecoder:
             span = int(lengths.max()) + 1
             hidden = (torch.arange(span, device=dev)[None, :] > lengths[:, None])[:, None, None, :]  # [B, 1, 1, span]
             for li, layer in enumerate(w.layers):
-                q, k, v = self._qkv(layer, h, cos, sin)  # [B, heads, D], [B, kv, D]
+                route = self._route(layer, h)
+                q, k, v = self._qkv(layer, h, cos, sin, route)  # [B, heads, D], [B, kv, D]
                 cache_k[li][ar, :, lengths] = k
                 cache_v[li][ar, :, lengths] = v
                 qg = q.view(nb, w.kv_heads, g, w.head_dim)
@@ -558,7 +681,7 @@ class FastDecoder:
                 else:
                     probs = torch.softmax(own_scores.float(), dim=-1).to(w.dtype)
                     out = torch.matmul(probs, cache_v[li][:, :, :span])
-                h = self._mlp_out(layer, h, out.reshape(nb, w.heads * w.head_dim))
+                h = self._mlp_out(layer, h, out.reshape(nb, w.heads * w.head_dim), route)
             lengths = lengths + 1
             logits = self._logits(h)
         self._store_rows(seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, list(enumerate(rows)))

@@ -351,10 +351,11 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
-    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer); the
-    # composer always decodes with generate(), the others as base.decode says.
+    # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer);
+    # per-episode routing decodes with generate() (its rows route apart, so they share no prefix), the others
+    # (the token-level MoE included) as base.decode says.
     fast = _fast_decode(ctx)
-    composer = int("trace_moe" in e.methods)
+    composer = int("per_episode" in e.methods)
     per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
     workers = min(e.workers, methods)
     seconds = math.ceil(methods / workers) * sum(per_method) / methods
