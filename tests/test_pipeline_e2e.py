@@ -38,7 +38,7 @@ train:
   options: {{group_size: 2, groups_per_step: 1, calibration_groups: 0, sft_episodes: 2, max_turn_tokens: 12,
              max_completion_length: 96, max_tool_calling_iterations: 2, save_steps: 1}}
 compose: {{router_seeds: 2, options: {{stats_episodes: 2}}}}
-evaluate: {{seeds: "0:3", workers: 2}}   # the hf rows run in 2 worker processes
+evaluate: {{seeds: "0:3", env_seeds: "0:3", workers: 2}}   # the hf rows run in 2 worker processes
 """)
     return path
 

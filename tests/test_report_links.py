@@ -106,5 +106,6 @@ def test_the_report_has_the_links_section(run_dir):
     paths = write_report(run_dir)
     text = paths.markdown.read_text()
     assert "# Links: where the claim holds and where it breaks" in text
-    assert "| L4 | composition |" in text and "L3 failed" in text
+    assert "| L4 | MoE vs base | +0.667 [" in text and "L3 failed" in text
+    assert "| L2 | cap_a adapter on its env | +0.800 [" in text
     assert "| f2 |" in text  # the per-family table

@@ -222,15 +222,44 @@ def _sentence(link: str, entry: dict) -> str:
     return f"{link} {verdict}: {what}: " + "; ".join(parts) + "."
 
 
+def _summary_rows(links: dict) -> list[list[str]]:
+    """One row per measured (link, subject): the link's figure with its interval, and whether it held."""
+    def held(v: bool | None) -> str:
+        return "–" if v is None else ("yes" if v else "no")
+
+    rows = []
+    for row in links["L1"]["rows"]:
+        rows.append(["L1", f"SFT on {row['capability']}'s families ({', '.join(row['families'])})",
+                     _fmt(row["delta"]), held(row["held"])])
+    for row in links["L2"]["rows"]:
+        rows.append(["L2", f"{row['capability']} adapter on its env", _fmt(row["delta"]), held(row["held"])])
+    for row in links["L3"]["rows"]:
+        rows.append(["L3", f"{row['capability']} adapter on its families ({', '.join(row['families'])})",
+                     _fmt(row["delta"]), held(row["held"])])
+        if row.get("others") is not None:
+            rows.append(["L3", f"{row['capability']} adapter on the other families", _fmt(row["others"]),
+                         held(_not_below(row["others"]))])
+    l4 = links["L4"]
+    rows.append(["L4", "MoE vs base", _fmt(l4.get("overall")), held(_above(l4.get("overall")))])
+    best = l4.get("best_single")
+    if best is not None and l4.get("moe") is not None:
+        rows.append(["L4", f"MoE vs the best single adapter ({best[0].split(':', 1)[-1]})",
+                     f"{l4['moe'] - best[1]:+.3f}", held(l4["moe"] >= best[1] - 1e-12)])
+    return [r for r in rows if r[2] != "–"]  # what was not measured, the link's sentence says
+
+
 def links_section(doc, links: dict) -> None:
     """The "Links" section of a run report (``doc``: :class:`trace_train.report.document.Document`)."""
     doc.h(1, "Links: where the claim holds and where it breaks")
     doc.p("Each link of the claim is measured on its own (paired bootstrap intervals over tasks), so that a "
           "result that does not reach the target names the link that failed.")
-    rows = [[link, e["name"], e["question"], e["verdict"]] for link, e in links.items()]
-    doc.table(["link", "name", "question", "verdict"], rows)
     for link in ("L1", "L2", "L3", "L4"):
-        doc.p(links[link]["sentence"])
+        doc.p(f"**{link} {links[link]['name']}** — {links[link]['question']} {links[link]['sentence']}")
+    summary = _summary_rows(links)
+    if summary:
+        doc.table(["link", "subject", "Δ [95% CI]", "held"], summary,
+                  "Δ pass@1 on the target (L1, L3, L4) or Δ success on the capability env (L2), candidate − "
+                  "base, paired over tasks; a link holds when every one of its rows does.")
     l1, l4 = links["L1"], links["L4"]
     families = sorted(set(l1.get("per_family") or {}) | set(l4.get("per_family") or {}))
     if families:
