@@ -40,7 +40,7 @@ class RolloutJob:
         in_flight: episodes open at once (per process; a Ray actor has ``ray.max_concurrent_per_actor``).
         env_kwargs: ``gym.make`` kwargs per env id.
         max_steps: step cap for envs without ``max_episode_steps``.
-        agent_name: the name written into records (default: ``key``).
+        agent_name: the name written into records (default: the agent's ``name``).
         retry_env_errors: rerun the file's ``env_error`` episodes, and once more those that fail again.
         registries: workspace registries to load where the episodes run (a fresh process knows only the
             built-in envs).

@@ -37,7 +37,7 @@ def run_job(job: RolloutJob):
             summary = run_rollouts(job.targets, agent, job.seeds, samples=job.samples, out=job.out,
                                    in_flight=job.in_flight, env_kwargs=_kwargs_of(job.env_kwargs),
                                    max_steps=job.max_steps, progress=job.progress,
-                                   agent_name=job.agent_name or job.key, retry_env_errors=job.retry_env_errors)
+                                   agent_name=job.agent_name, retry_env_errors=job.retry_env_errors)
             if not summary.env_errors:
                 break
     finally:

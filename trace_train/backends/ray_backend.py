@@ -124,7 +124,7 @@ class RolloutActor:
             sandbox.set_start_gate(_cluster_start_gate)
         self.agent = make()
 
-    def run(self, keys: list, env_kwargs: dict, in_flight: int, max_steps: int | None, agent_name: str):
+    def run(self, keys: list, env_kwargs: dict, in_flight: int, max_steps: int | None, agent_name: str | None):
         from trace_train.rollouts import run_rollouts
 
         from .local import _kwargs_of
@@ -352,7 +352,7 @@ class _Run:
                     keys, solo = chunk
                     slot = idle.pop()
                     gen = slots[slot].run.options(num_returns="streaming").remote(
-                        keys, self.job.env_kwargs, self.cfg.max_concurrent_per_actor, self.job.max_steps, self.name)
+                        keys, self.job.env_kwargs, self.cfg.max_concurrent_per_actor, self.job.max_steps, self.job.agent_name)
                     running[gen] = (slot, list(keys), solo)
                 if not running:
                     return

@@ -123,7 +123,7 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
         jobs.append(RolloutJob(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
                                out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"),
                                in_flight=e.in_flight, env_kwargs=per_env, progress=ctx.progress,
-                               retry_env_errors=True, registries=workspace_registries(ctx)))
+                               retry_env_errors=True, registries=workspace_registries(ctx), agent_name=key))
     env_jobs, env_copies = _env_jobs(ctx, rows, same_as_base, model)
     run_jobs(jobs + env_jobs, r.engine, workers=e.workers, ray=ctx.cfg.ray)
     for source, target, key in env_copies:  # an adapter that is the base: the base's episodes are its own
@@ -178,7 +178,7 @@ def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tup
             jobs.append(RolloutJob(key=f"env:{cap}:{who}", make=make, targets=[env_id], seeds=seeds, samples=1,
                                    out=outs[who], in_flight=e.in_flight, env_kwargs={env_id: kwargs(env_id)},
                                    progress=ctx.progress, retry_env_errors=True,
-                                   registries=workspace_registries(ctx)))
+                                   registries=workspace_registries(ctx), agent_name=f"env:{cap}:{who}"))
         if key in same_as_base:
             copies.append((outs["base"], outs["adapter"], f"env:{cap}:adapter"))
     return jobs, copies

@@ -30,7 +30,7 @@ def run_rollout(ctx) -> tuple[list[str], dict]:
     job = RolloutJob(key="base", make=base_agent_factory(ctx), targets=list(r.targets),
                      seeds=parse_seeds("rollout.seeds", r.seeds), samples=r.samples, out=out, in_flight=r.in_flight,
                      env_kwargs={env_id: kwargs(env_id) for env_id in r.targets}, progress=ctx.progress,
-                     retry_env_errors=True, registries=workspace_registries(ctx))
+                     retry_env_errors=True, registries=workspace_registries(ctx), agent_name="base")
     run_jobs([job], r.engine, workers=r.workers, ray=ctx.cfg.ray)
     records = read_trajectories(out)
     rewards = [float(rec.get("reward") or 0.0) for rec in records]
