@@ -155,6 +155,28 @@ def test_an_episode_that_fails_on_bad_env_input_is_an_env_error_not_a_retry_loop
         assert r["termination"] == "env_error" and "no_such_option" in r["env_error"], r["env_error"]
 
 
+def test_trace_run_ray_plays_the_rollout_stage_on_actors_like_local(tmp_path, capsys):
+    import json
+
+    from trace_train.cli import main
+
+    base = {"kind": "scripted", "agent": "tau:noisy", "agent_kwargs": {"p": 0.5}}
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"base: {json.dumps(base)}\nrollout: {{seeds: '1000:1012'}}\ntrain: {{model: /nonexistent}}\n"
+                   "ray: {num_actors: 2, env_cpus: 0.5, max_concurrent_per_actor: 4}\n")
+    runs = {}
+    for name, extra in (("ray", ["--ray"]), ("local", [])):
+        out = tmp_path / name
+        assert main(["run", str(cfg), "--out", str(out), "--until", "rollout", "--no-progress", *extra]) == 0
+        runs[name] = _by_key(out / "rollouts" / "trajectories.jsonl")
+    assert sorted(runs["ray"]) == sorted(runs["local"]) and len(runs["ray"]) == 12
+    assert all(runs["ray"][k]["messages"] == runs["local"][k]["messages"] for k in runs["ray"])
+    # Where the episodes ran is not an input of the stage: the local run finds the Ray run's stage done.
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--out", str(tmp_path / "ray"), "--until", "rollout", "--no-progress"]) == 0
+    assert "rollout: done already" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("section, needle", [
     ({"ray": {"address": "nonsense"}}, "'nonsense' is not a Ray cluster address"),
     ({"ray": {"num_actors": 0}}, "ray.num_actors must be >= 1, got 0"),
