@@ -234,11 +234,12 @@ def _run_job(job: RolloutJob, cfg) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     todo = job.keys()
     t_start = time.perf_counter()
-    ran, deaths = 0, 0
+    ran, deaths, skipped = 0, 0, None
     with _Lock(path):
-        for attempt in range(2 if job.retry_env_errors else 1):
+        for _ in range(2 if job.retry_env_errors else 1):  # a second pass reruns what ended in env_error
             prior, done = resume_file(path, todo, job.retry_env_errors)
             pending = [k for k in todo if k not in done]
+            skipped = len(todo) - len(pending) if skipped is None else skipped
             if not pending:
                 break
             with open(path, "ab") as sink:
@@ -257,7 +258,7 @@ def _run_job(job: RolloutJob, cfg) -> Any:
     seconds = time.perf_counter() - t_start
     scored = [r for r in prior if not _env_failed(r)]
     return RolloutSummary(
-        path=path, total=len(todo), skipped=len(todo) - ran, ran=ran,
+        path=path, total=len(todo), skipped=skipped or 0, ran=ran,
         mean_reward=sum(float(r.get("reward", 0.0)) for r in scored) / len(scored) if scored else 0.0,
         success_rate=sum(bool(r.get("success")) for r in scored) / len(scored) if scored else 0.0,
         seconds=seconds, episodes_per_second=ran / seconds if seconds > 0 else 0.0,
