@@ -268,13 +268,15 @@ def test_rollout_workers_split_the_seeds_and_play_the_episodes_one_process_plays
 
 
 def test_only_the_last_rounds_jobs_are_split_and_a_whole_output_is_never_split(tmp_path):
-    from trace_train.pipeline.stages.evaluate import _split_last_round
+    from trace_train.backends import RolloutJob
+    from trace_train.backends.local import _split_last_round
 
-    jobs = [{"key": k, "seeds": list(range(10)), "out": tmp_path / f"{k}.jsonl"} for k in "abc"]
+    jobs = [RolloutJob(key=k, make=dict, targets=["t"], seeds=list(range(10)), out=tmp_path / f"{k}.jsonl")
+            for k in "abc"]
     groups = _split_last_round(jobs, 2)
     assert [len(g) for g in groups] == [1, 1, 2]  # a and b side by side, then c's seeds on both workers
-    assert [p["seeds"] for p in groups[2]] == [list(range(5)), list(range(5, 10))]
-    assert [p["out"].name for p in groups[2]] == ["c.part0.jsonl", "c.part1.jsonl"]
+    assert [p.seeds for p in groups[2]] == [list(range(5)), list(range(5, 10))]
+    assert [p.out.name for p in groups[2]] == ["c.part0.jsonl", "c.part1.jsonl"]
     assert [len(g) for g in _split_last_round(jobs[:2], 2)] == [1, 1]
     (tmp_path / "c.jsonl").write_text("")  # c ran whole before an interruption: it resumes whole
     (tmp_path / "c.part0.jsonl").write_text("{}\n")  # a part a finished join left behind

@@ -53,6 +53,8 @@ class RolloutSummary:
     #: episodes (of the requested ones, this run's and the file's) that ended in ``env_error``: the machine
     #: failed, not the agent. ``mean_reward`` and ``success_rate`` leave them out.
     env_errors: int = 0
+    #: the Ray backend: actors that died during the run (their unfinished episodes ran again on new ones).
+    actor_deaths: int = 0
 
 
 def record_key(record: dict) -> Key:
@@ -219,11 +221,33 @@ class _Lock:
             os.close(self.fd)
 
 
+def resume_file(path: Path | None, todo: Sequence[Key], retry_env_errors: bool = False) -> tuple[list[dict], set[Key]]:
+    """What a trajectory file already holds of the episodes ``todo``: ``(their records, every key in the file)``.
+
+    A torn last line (a killed writer) is cut off first. With ``retry_env_errors`` the requested episodes
+    that ended in ``env_error`` are removed from the file (atomically), so that they run again and each key
+    stays in it once. The caller holds the file's lock (:class:`_Lock`).
+    """
+    if path is None:
+        return [], set()
+    existing = read_trajectories(path, repair=True)
+    wanted = set(todo)
+    if retry_env_errors:
+        failed = [r for r in existing if _env_failed(r) and record_key(r) in wanted]
+        if failed:
+            existing = [r for r in existing if not (_env_failed(r) and record_key(r) in wanted)]
+            _rewrite(path, existing)
+            logger.info("%s: rerunning %d episodes that ended in env_error", path, len(failed))
+    done = {record_key(r) for r in existing if "env_id" in r and "seed" in r}
+    return [r for r in existing if record_key(r) in wanted], done
+
+
 def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int], samples: int = 1,
                  out: str | Path | None = None, in_flight: int = 8, reset_options: dict | None = None,
                  env_kwargs: dict | Callable[[str], dict] | None = None, max_steps: int | None = None, progress: bool = True,
                  agent_name: str | None = None, keep_records: bool = False,
-                 retry_env_errors: bool = False) -> RolloutSummary:
+                 retry_env_errors: bool = False, keys: Sequence[Key] | None = None,
+                 on_record: Callable[[dict], None] | None = None) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:
@@ -243,6 +267,10 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         keep_records: also return this run's records in the summary.
         retry_env_errors: rerun the requested episodes that ``out`` holds with termination ``env_error`` (the
             machine failed, not the agent); their old records are removed, so each key stays in the file once.
+        keys: instead of every (env id, seed, sample) of ``env_ids`` × ``seeds`` × ``samples``, exactly these
+            ``(env_id, seed, sample)`` episodes, in this order (what a Ray actor runs of a larger rollout);
+            ``env_ids``, ``seeds`` and ``samples`` are then ignored.
+        on_record: called with each finished episode's record as it ends (after it is written to ``out``).
 
     Before the first episode every env id is made once and its ``preflight()`` called (an SWE env builds its
     images there): an env that cannot run on this machine raises :class:`trace_envs.core.EnvError` with the
@@ -259,30 +287,22 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
-    seeds = [int(s) for s in seeds]
-    todo: list[Key] = [(e, s, k) for e in ids for s in seeds for k in range(samples)]
+    if keys is not None:
+        todo: list[Key] = [(str(e), int(s), int(k)) for e, s, k in keys]
+    else:
+        ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+        todo = [(e, int(s), k) for e in ids for s in seeds for k in range(samples)]
     name = agent_name or getattr(agent, "name", type(agent).__name__)
     batched = hasattr(agent, "act_batch")
     stateful = not batched and hasattr(agent, "reset")
 
     path = Path(out) if out is not None else None
     lock = None
-    existing: list[dict] = []
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = _Lock(path).__enter__()
-        existing = read_trajectories(path, repair=True)
     try:
-        wanted = set(todo)
-        if retry_env_errors and path is not None:
-            failed = [r for r in existing if _env_failed(r) and record_key(r) in wanted]
-            if failed:
-                existing = [r for r in existing if not (_env_failed(r) and record_key(r) in wanted)]
-                _rewrite(path, existing)
-                logger.info("%s: rerunning %d episodes that ended in env_error", path, len(failed))
-        done = {record_key(r) for r in existing if "env_id" in r and "seed" in r}
-        prior = [r for r in existing if record_key(r) in wanted]
+        prior, done = resume_file(path, todo, retry_env_errors)
         pending = deque(k for k in todo if k not in done)
         skipped = len(todo) - len(pending)
         env_errors = sum(_env_failed(r) for r in prior)
@@ -329,6 +349,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                 os.fsync(sink.fileno())
             if keep_records:
                 records.append(record)
+            if on_record is not None:
+                on_record(record)
             free_envs.setdefault(ep.key[0], []).append(ep.env)
             if _env_failed(record):
                 env_errors += 1

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import io
 import logging
 import os
@@ -358,6 +359,20 @@ def install_signal_cleanup() -> bool:
     return True
 
 
+#: Wraps every container start (the ``docker run`` of :class:`DockerSandbox`): a no-argument factory of a context
+#: manager, a no-op by default. The Ray rollout backend installs one on its actors that caps the container
+#: starts of the whole cluster (:func:`set_start_gate`).
+_START_GATE = {"gate": contextlib.nullcontext}
+
+
+def set_start_gate(gate=None):
+    """Install ``gate`` (a no-argument callable returning a context manager entered around each container
+    start; None = no gate) and return the previous one."""
+    previous = _START_GATE["gate"]
+    _START_GATE["gate"] = gate or contextlib.nullcontext
+    return previous
+
+
 class DockerSandbox(Sandbox):
     """A locked-down container with a persistent shell in the repository root.
 
@@ -397,17 +412,8 @@ class DockerSandbox(Sandbox):
             # then sleeps: commands (uid 1000) can neither kill it nor replace those files.
             main = (f"touch {OUTPUT_FILE} {REPORT_FILE} && chmod 666 {OUTPUT_FILE} {REPORT_FILE} && "
                     f"exec sleep {MAX_LIFETIME_S}")
-            container = self.client.containers.run(
-                image, ["sh", "-c", main], detach=True, auto_remove=True, init=True,
-                network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], user="0:0",
-                read_only=True, tmpfs={
-                    WORKDIR: f"rw,exec,nosuid,nodev,size={lim.repo_disk},mode=755,uid={uid},gid={gid or uid}",
-                    "/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_disk},mode=1777",
-                    HARNESS_DIR: "rw,noexec,nosuid,nodev,size=64m,mode=755"},
-                shm_size=lim.shm_disk,
-                mem_limit=lim.memory, memswap_limit=lim.memory, nano_cpus=int(lim.cpus * 1e9),
-                pids_limit=lim.pids, labels=all_labels, working_dir=WORKDIR,
-                ulimits=[self._ulimit("nofile", lim.nofile)], name=f"trace-swe-{uuid.uuid4().hex[:12]}")
+            with _START_GATE["gate"]():
+                container = self._run_container(image, main, lim, all_labels, uid, gid)
         except Exception as exc:
             raise SandboxError(f"could not start a container from {image}: {exc}") from exc
         finally:
@@ -426,6 +432,20 @@ class DockerSandbox(Sandbox):
         except Exception:
             self.close()
             raise
+
+    def _run_container(self, image: str, main: str, lim: SandboxLimits, all_labels: dict, uid: str, gid: str):
+        """``docker run`` of the locked-down container (detached; its main process only sleeps)."""
+        return self.client.containers.run(
+            image, ["sh", "-c", main], detach=True, auto_remove=True, init=True,
+            network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], user="0:0",
+            read_only=True, tmpfs={
+                WORKDIR: f"rw,exec,nosuid,nodev,size={lim.repo_disk},mode=755,uid={uid},gid={gid or uid}",
+                "/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_disk},mode=1777",
+                HARNESS_DIR: "rw,noexec,nosuid,nodev,size=64m,mode=755"},
+            shm_size=lim.shm_disk,
+            mem_limit=lim.memory, memswap_limit=lim.memory, nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.pids, labels=all_labels, working_dir=WORKDIR,
+            ulimits=[self._ulimit("nofile", lim.nofile)], name=f"trace-swe-{uuid.uuid4().hex[:12]}")
 
     harness = DOCKER_HARNESS
 

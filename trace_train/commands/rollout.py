@@ -5,6 +5,7 @@
         --seeds 0:50 --samples 4 --temperature 0.8 --in-flight 32 --out runs/base.jsonl --parquet
     trace rollout --env trace/tau_airline-v0 --agent openai --model Qwen/Qwen3-8B \\
         --base-url http://127.0.0.1:8000/v1 --seeds 50 --out runs/qwen.jsonl
+    trace rollout --env trace/tau_airline-v0 --agent oracle --seeds 400 --out runs/o.jsonl --ray auto --ray-actors 8
 
 Trajectories are appended to ``--out`` as episodes end; running the same command again after an
 interruption runs only the missing (env, seed, sample) triples.
@@ -92,11 +93,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--parquet", action="store_true", help="also export the file as Parquet at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--registry", action="append", default=[], metavar="PATH", help=REGISTRY_HELP)
+    add_ray_arguments(p)
+    p.add_argument("--ray-actors", type=int, default=4, metavar="N", help="--ray: actors hosting the envs (default: 4)")
+    p.add_argument("--ray-cpus", type=float, default=1.0, metavar="CPUS",
+                   help="--ray: CPUs per actor, fractions share a core (default: 1)")
+    p.add_argument("--ray-per-actor", type=int, default=None, metavar="N",
+                   help="--ray: episodes open at once per actor (default: --in-flight)")
     p.set_defaults(func=cmd_rollout)
+
+
+def add_ray_arguments(p: argparse.ArgumentParser) -> None:
+    """``--ray [ADDRESS]``: run the episodes on Ray actors (docs/ray.md)."""
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the episodes on Ray actors: ADDRESS is auto (this machine's cluster), HOST:PORT or "
+                        "ray://HOST:PORT; without it, a cluster already running here or a new local one "
+                        "(docs/ray.md; needs pip install 'trace-rl[ray]')")
+
+
+def ray_address(value: str | None) -> str | None:
+    """The cluster address of a ``--ray`` value ('' = no address given)."""
+    return value or None
 
 
 def make_cli_agent(args):
     """The agent named by ``--agent`` and a function ``env_id -> default env kwargs`` that goes with it."""
+    factory, default_kwargs = cli_agent_factory(args)
+    return factory(), default_kwargs
+
+
+def cli_agent_factory(args):
+    """A picklable no-argument factory of the agent named by ``--agent`` (what a Ray actor builds) and a function
+    ``env_id -> default env kwargs`` that goes with it."""
+    import functools
+
     if args.agent == "hf":
         if not args.model:
             raise CommandError("--agent hf needs --model PATH (e.g. from `trace model bootstrap`)")
@@ -105,21 +134,23 @@ def make_cli_agent(args):
         from trace_train.agents import HFAgent
         from trace_train.tiny.metadata import model_env_kwargs
 
-        agent = HFAgent(args.model, adapter=args.adapter, threads=args.threads, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, decode=args.decode)
-        return agent, lambda env_id: model_env_kwargs(args.model, env_id)
+        factory = functools.partial(HFAgent, args.model, adapter=args.adapter, threads=args.threads,
+                                    max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    decode=args.decode)
+        return factory, lambda env_id: model_env_kwargs(args.model, env_id)
     if args.agent == "openai":
         if not args.model:
             raise CommandError("--agent openai needs --model NAME (the served model name)")
         from trace_train.agents import OpenAIChatAgent
 
-        return OpenAIChatAgent(args.model, base_url=args.base_url, api_key=args.api_key, tool_mode=args.tool_mode,
-                               temperature=args.temperature, max_tokens=args.max_new_tokens,
-                               timeout=args.timeout, concurrency=args.concurrency), lambda env_id: {}
+        return functools.partial(OpenAIChatAgent, args.model, base_url=args.base_url, api_key=args.api_key,
+                                 tool_mode=args.tool_mode, temperature=args.temperature, max_tokens=args.max_new_tokens,
+                                 timeout=args.timeout, concurrency=args.concurrency), lambda env_id: {}
     from trace_envs.agents import agent_names, make_agent
 
     try:
-        return make_agent(args.agent), lambda env_id: {}
+        make_agent(args.agent)  # an unknown name fails here, not on an actor
+        return functools.partial(make_agent, args.agent), lambda env_id: {}
     except KeyError:
         raise CommandError(f"unknown agent {args.agent!r}; use hf, openai or one of: "
                            f"{', '.join(agent_names())}") from None
@@ -131,9 +162,11 @@ def cmd_rollout(args) -> int:
     seeds = parse_seeds(args.seeds)
     if args.samples < 1 or args.in_flight < 1:
         raise CommandError("--samples and --in-flight must be >= 1")
-    agent, default_kwargs = make_cli_agent(args)
     options = parse_key_values(args.option, "--option")
     extra_kwargs = parse_key_values(args.env_kwarg, "--env-kwarg")
+    if args.ray is not None:
+        return _rollout_on_ray(args, options, extra_kwargs)
+    agent, default_kwargs = make_cli_agent(args)
     env_kwargs = {env_id: {**default_kwargs(env_id), **extra_kwargs} for env_id in args.envs}
     from trace_train.rollouts import export_parquet, run_rollouts
 
@@ -151,4 +184,42 @@ def cmd_rollout(args) -> int:
     close = getattr(agent, "close", None)
     if callable(close):
         close()
+    return 0
+
+
+def _rollout_on_ray(args, options: dict, extra_kwargs: dict) -> int:
+    """``trace rollout --ray``: the same episodes into the same file, played on Ray actors."""
+    from trace_train.backends import RolloutJob
+    from trace_train.pipeline.config import ConfigError, RaySection
+    from trace_train.rollouts import export_parquet
+
+    if options:
+        raise CommandError("--option (reset options) is not supported with --ray; pass env kwargs with --env-kwarg")
+    cfg = RaySection(address=ray_address(args.ray), num_actors=args.ray_actors, env_cpus=args.ray_cpus,
+                     max_concurrent_per_actor=args.ray_per_actor or args.in_flight)
+    try:
+        cfg.validate()
+    except ConfigError as exc:
+        raise CommandError(str(exc).replace("ray.num_actors", "--ray-actors").replace("ray.env_cpus", "--ray-cpus")
+                           .replace("ray.max_concurrent_per_actor", "--ray-per-actor")) from None
+    try:
+        from trace_train.backends.ray_backend import RayBackendError, connect, run_ray
+    except ImportError as exc:
+        raise CommandError(f"--ray needs Ray: pip install 'trace-rl[ray]' ({exc})") from None
+    factory, default_kwargs = cli_agent_factory(args)
+    env_kwargs = {env_id: {**default_kwargs(env_id), **extra_kwargs} for env_id in args.envs}
+    job = RolloutJob(key=args.agent, make=factory, targets=list(args.envs), seeds=parse_seeds(args.seeds),
+                     out=Path(args.out), samples=args.samples, in_flight=args.in_flight, env_kwargs=env_kwargs,
+                     registries=list(args.registry), progress=not args.no_progress)
+    try:
+        connect(cfg.address)
+        summary = run_ray([job], cfg)[0]
+    except RayBackendError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"{summary.ran} episodes run on Ray, {summary.skipped} already in {args.out}; "
+          f"mean reward {summary.mean_reward:.3f}, success {summary.success_rate:.3f}, "
+          f"{summary.episodes_per_second:.2f} episodes/s"
+          + (f"; {summary.actor_deaths} actors died and their episodes ran again" if summary.actor_deaths else ""))
+    if args.parquet:
+        print(f"parquet: {export_parquet(args.out)}")
     return 0

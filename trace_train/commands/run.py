@@ -6,6 +6,7 @@
     trace run CONFIG --from train               # re-run train and everything after it
     trace run CONFIG --until diagnose           # stop after the diagnosis
     trace run CONFIG --out runs/other           # another run directory
+    trace run CONFIG --ray auto                 # every rollout on the actors of this machine's Ray cluster
 
 Everything goes into one run directory (``stages.json``, one folder per stage, ``report.md`` and a
 self-contained ``report.html``). Running the same command again after an interruption resumes: finished
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from . import CommandError
+from .rollout import add_ray_arguments, ray_address
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (the report is still written)")
     p.add_argument("--dry-run", action="store_true", help="print the plan with a time estimate per stage, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_ray_arguments(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -48,6 +51,23 @@ def cmd_run(args) -> int:
     from trace_train.pipeline.config import ConfigError
 
     cfg = load_run_config(args.config, args.out)
+    if args.ray is not None:  # every rollout of the run on Ray actors; the stages' fingerprints do not change
+        cfg.rollout.engine = "ray"
+        if args.ray:
+            cfg.ray.address = ray_address(args.ray)
+        try:
+            cfg.validate()
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from exc
+    if cfg.rollout.engine == "ray" and not args.dry_run:  # no cluster there: fail now, before any stage runs
+        try:
+            from trace_train.backends.ray_backend import RayBackendError, connect
+        except ImportError as exc:
+            raise CommandError(f"rollout.engine: ray needs Ray: pip install 'trace-rl[ray]' ({exc})") from None
+        try:
+            connect(cfg.ray.address)
+        except RayBackendError as exc:
+            raise CommandError(str(exc)) from exc
     pipeline = Pipeline(cfg, progress=not args.no_progress)
     try:
         plan = pipeline.plan(args.from_stage)

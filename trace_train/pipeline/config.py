@@ -10,6 +10,7 @@ A run's YAML file has one section per stage, each optional (a missing section or
     train:    {max_steps: 40, options: {num_generations: 16}}
     compose:  {top_k: 1}
     evaluate: {seeds: "0:100", samples: 4, ks: [1, 2, 4]}
+    ray:      {address: auto, num_actors: 8, env_cpus: 0.5}   # with rollout.engine: ray (docs/ray.md)
 
 Every field is documented on its dataclass below; ``examples/configs/`` has complete files. A key that does
 not exist or a value of the wrong type fails at load time, before anything runs, with the key's full name
@@ -126,6 +127,9 @@ class RolloutSection:
         workers: processes a local base agent (``tiny``, ``hf``) rolls out in, each on its share of the
             seeds with its own copy of the model (on ``base.threads`` threads): 2 uses both cores of a
             2-core CPU. The episodes are the same as in one process; only the time changes.
+        engine: where every rollout of the run (this stage's and the evaluation's) runs: ``local`` (this
+            machine's processes: ``workers``, ``evaluate.workers``) or ``ray`` (Ray actors of the cluster in
+            the ``ray`` section; docs/ray.md). The same episodes either way; changing it re-runs no stage.
     """
 
     targets: list = field(default_factory=lambda: ["trace/tau_airline-v0"])
@@ -134,6 +138,7 @@ class RolloutSection:
     in_flight: int = 16
     env_kwargs: dict = field(default_factory=dict)
     workers: int = 1
+    engine: str = "local"
 
     def validate(self) -> None:
         if not self.targets:
@@ -142,6 +147,55 @@ class RolloutSection:
         _at_least("rollout.samples", self.samples, 1)
         _at_least("rollout.in_flight", self.in_flight, 1)
         _at_least("rollout.workers", self.workers, 1)
+        _choice("rollout.engine", self.engine, ("local", "ray"))
+
+
+@dataclass
+class RaySection:
+    """The Ray cluster of ``rollout.engine: ray`` (docs/ray.md); unused with the local engine.
+
+    Attributes:
+        address: ``auto`` (the cluster this machine belongs to, started with ``ray start``), ``ray://HOST:PORT``
+            (a remote cluster through Ray Client), ``HOST:PORT`` (a cluster's GCS address, what ``ray start
+            --address`` takes), or null (the cluster of ``RAY_ADDRESS`` or one already running here, else a
+            new one-node cluster started for this run).
+        num_actors: actors that host the envs of a rollout; each builds its own agent once (a local model is
+            loaded once per actor; an endpoint agent is a client of the one shared server).
+        env_cpus: CPUs each actor reserves (fractions share a core: 16 actors of 0.125 CPU on 2 cores, for
+            envs that mostly wait on a tool or an LLM call).
+        max_concurrent_per_actor: episodes open at once in one actor (its agent's batch).
+        max_container_starts: SWE sandbox containers starting at once in the whole cluster (a named Ray actor
+            semaphore around every container start). SWE actors run only on nodes that declare the custom
+            resource ``docker`` (``ray start --resources '{"docker": 4}'``: that node hosts 4 SWE actors).
+    """
+
+    address: str | None = None
+    num_actors: int = 4
+    env_cpus: float = 1.0
+    max_concurrent_per_actor: int = 8
+    max_container_starts: int = 4
+
+    def validate(self) -> None:
+        check_ray_address("ray.address", self.address)
+        _at_least("ray.num_actors", self.num_actors, 1)
+        if not self.env_cpus >= 0:
+            raise ConfigError(f"ray.env_cpus must be >= 0 (a fraction shares a core), got {self.env_cpus}")
+        _at_least("ray.max_concurrent_per_actor", self.max_concurrent_per_actor, 1)
+        _at_least("ray.max_container_starts", self.max_container_starts, 1)
+
+
+def check_ray_address(key: str, address: Any) -> None:
+    """An address Ray can connect to: null, ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``; anything else names
+    the value and the forms."""
+    if address is None or address == "auto":
+        return
+    text = str(address)
+    rest = text[len("ray://"):] if text.startswith("ray://") else text
+    host, sep, port = rest.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536) or "/" in host:
+        raise ConfigError(f"{key}: {text!r} is not a Ray cluster address; use auto (the cluster of this machine), "
+                          "ray://HOST:PORT (Ray Client), HOST:PORT (the head's GCS address, e.g. 10.0.0.1:6379) "
+                          "or null (start a local cluster)")
 
 
 @dataclass
@@ -345,6 +399,7 @@ class RunConfig:
         name: a label for the report (default: the run directory's name).
         seed: the run's seed (sampling, bootstrap intervals).
         base, rollout, diagnose, generate, train, compose, evaluate: the stage sections.
+        ray: the Ray cluster of ``rollout.engine: ray``.
     """
 
     out: str = "runs/trace"
@@ -357,10 +412,12 @@ class RunConfig:
     train: TrainSection = field(default_factory=TrainSection)
     compose: ComposeSection = field(default_factory=ComposeSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
+    ray: RaySection = field(default_factory=RaySection)
 
     def validate(self) -> "RunConfig":
         for name in SECTIONS:
             getattr(self, name).validate()
+        self.ray.validate()
         if self.base.kind in ("openai", "scripted") and not self.train.model:
             raise ConfigError(f"train.model is required with base.kind: {self.base.kind} (the weights adapters are "
                               "trained on: a model folder, e.g. the served model's checkpoint)")
@@ -377,8 +434,14 @@ class RunConfig:
     def section_hash(self, name: str) -> str:
         """A fingerprint of one section (the stage re-runs when it changes)."""
         data = self.to_dict()[name] if name in SECTIONS else {}
+        for key in NOT_HASHED.get(name, ()):  # where episodes run changes no result
+            data.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+
+#: Keys of a section that do not change a stage's outputs, left out of its fingerprint (changing them re-runs
+#: nothing). ``rollout.workers`` stays in: a fingerprint change there was always a re-run.
+NOT_HASHED = {"rollout": ("engine",)}
 
 SECTIONS: dict[str, type] = {"base": BaseSection, "rollout": RolloutSection, "diagnose": DiagnoseSection,
                              "generate": GenerateSection, "train": TrainSection, "compose": ComposeSection,

@@ -108,6 +108,11 @@ def _scripted_agent(b: BaseSection, seed: int = 0):
         raise ConfigError(f"base.agent_kwargs: {exc}") from None
 
 
+def workspace_registries(ctx) -> list[str]:
+    """The run's workspace registry, when it has one: what a fresh process (a worker, a Ray actor) loads."""
+    return [str(ctx.workspace)] if (ctx.workspace / "registry.yaml").exists() else []
+
+
 def base_model_path(ctx) -> str | None:
     """The local model the adapters are trained on: ``train.model`` or the base agent's own model."""
     summary = ctx.summary("base")
@@ -147,7 +152,10 @@ def base_agent_factory(ctx, temperature: float | None = None):
 
         return lambda: OpenAIChatAgent(b.model, base_url=b.base_url, api_key=b.api_key, temperature=temp,
                                        max_tokens=b.max_new_tokens)
-    return lambda: _scripted_agent(b, ctx.cfg.seed)
+    # A closure over the section and the seed only (not the run's context), so that a Ray actor can build it;
+    # the local backend keeps it in this process (a closure does not pickle to a worker).
+    seed = ctx.cfg.seed
+    return lambda: _scripted_agent(b, seed)
 
 
 def base_env_kwargs_fn(ctx):

@@ -1,8 +1,8 @@
 """The ``evaluate`` stage: every method on the held-out target seeds -> ``eval/<method>/``, ``eval/results.json``.
 
-The process pool that runs methods side by side (:func:`_run_method_rollouts`, :func:`_worker_pool`) lives here
-for now; the rollout and train stages use it too. It moves into the rollout backend (one seam, ``local`` and
-``ray``) with the Ray issue.
+Each method's episodes are one :class:`~trace_train.backends.RolloutJob`, run by the rollout backend of
+``rollout.engine`` (:func:`~trace_train.backends.run_jobs`): ``evaluate.workers`` local processes side by side,
+or Ray actors.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trace_train.backends import RolloutJob, run_jobs
+
 from ..config import parse_seeds
 from .common import (_fast_decode, _selected, _tiny_episodes_seconds, base_agent_factory, base_env_kwargs_fn,
-                     base_model_path, capability_envs, model_env_kwargs_fn)
+                     base_model_path, capability_envs, model_env_kwargs_fn, workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -118,14 +120,15 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
             continue
         kwargs = base_env_kwargs_fn(ctx) if key == "base" else model_env_kwargs_fn(model, r.env_kwargs)
         per_env = {env_id: kwargs(env_id) for env_id in r.targets}
-        jobs.append(dict(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
-                         out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), in_flight=e.in_flight,
-                         env_kwargs=per_env, progress=ctx.progress))
+        jobs.append(RolloutJob(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
+                               out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"),
+                               in_flight=e.in_flight, env_kwargs=per_env, progress=ctx.progress,
+                               retry_env_errors=True, registries=workspace_registries(ctx), agent_name=key))
     env_jobs, env_copies = _env_jobs(ctx, rows, same_as_base, model)
-    _run_method_rollouts(jobs + env_jobs, e.workers)
+    run_jobs(jobs + env_jobs, r.engine, workers=e.workers, ray=ctx.cfg.ray)
     for source, target, key in env_copies:  # an adapter that is the base: the base's episodes are its own
         _episodes_as(source, target, key)
-    outs = {job["key"]: job["out"] for job in jobs}
+    outs = {job.key: job.out for job in jobs}
     for key in same_as_base:
         outs[key] = _episodes_as(base_traj, ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"), key)
     for key, label, make, spent, note in rows:
@@ -151,7 +154,7 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
                       "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
 
 
-def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tuple[list[dict], list[tuple]]:
+def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tuple[list[RolloutJob], list[tuple]]:
     """The learning link's episodes (L2): the base and each capability's adapter on ``evaluate.env_seeds`` of
     that capability's own env, into ``eval/env/<capability>/<base|adapter>/``; and the (source, target, key)
     copies for adapters that are the base."""
@@ -172,9 +175,10 @@ def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tup
         outs = {who: ctx.path("eval", "env", cap, who, "trajectories.jsonl") for who in ("base", "adapter")}
         plays = [("base", makes["base"])] + ([] if key in same_as_base else [("adapter", makes[key])])
         for who, make in plays:
-            jobs.append(dict(key=f"env:{cap}:{who}", make=make, targets=[env_id], seeds=seeds, samples=1,
-                             out=outs[who], in_flight=e.in_flight, env_kwargs={env_id: kwargs(env_id)},
-                             progress=ctx.progress))
+            jobs.append(RolloutJob(key=f"env:{cap}:{who}", make=make, targets=[env_id], seeds=seeds, samples=1,
+                                   out=outs[who], in_flight=e.in_flight, env_kwargs={env_id: kwargs(env_id)},
+                                   progress=ctx.progress, retry_env_errors=True,
+                                   registries=workspace_registries(ctx), agent_name=f"env:{cap}:{who}"))
         if key in same_as_base:
             copies.append((outs["base"], outs["adapter"], f"env:{cap}:adapter"))
     return jobs, copies
@@ -214,129 +218,6 @@ def _episodes_as(source: Path, out: Path, agent: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(b"".join(jsonl_line({**record, "agent": agent}) for record in read_trajectories(source)))
     return out
-
-
-def _method_rollouts(key, make, targets, seeds, samples, out, in_flight, env_kwargs, progress) -> str:
-    """One method's held-out rollouts into ``out`` (resumable: episodes already there are kept)."""
-    from trace_train.rollouts import run_rollouts
-
-    agent = make()
-    try:
-        # Episodes the machine failed (env_error) are rerun, here and when a run resumes; what still fails
-        # after a second pass is left out of the metrics and reported (trace_train.evaluate).
-        for _ in range(2):
-            summary = run_rollouts(targets, agent, seeds, samples=samples, out=out, in_flight=in_flight,
-                                   env_kwargs=env_kwargs.__getitem__, progress=progress, agent_name=key,
-                                   retry_env_errors=True)
-            if not summary.env_errors:
-                break
-    finally:
-        close = getattr(agent, "close", None)
-        if callable(close):
-            close()
-    return key
-
-
-def _die_with_parent() -> None:
-    """Worker initializer: a worker gets SIGKILL when the run's process dies, so a killed run leaves no worker
-    writing into its directory while the resumed run works there. (Each job sets its own torch threads.)"""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        pass
-
-
-def _worker_pool(workers: int):
-    """The process pool of ``train.workers`` / ``evaluate.workers``: spawned (no torch state is forked), and each
-    worker dies with the run (:func:`_die_with_parent`)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_die_with_parent)
-
-
-def _part_path(out: Path, i: int) -> Path:
-    return out.with_name(f"{out.stem}.part{i}{out.suffix}")
-
-
-def _split_last_round(jobs: list[dict], workers: int) -> list[list[dict]]:
-    """The jobs as groups of parts: a job of the last round, which would leave workers idle (9 methods on 2
-    workers end with one running alone), is split by seeds into parts that run side by side; every other
-    job is one part. A job whose output file already exists (a run that stopped after it finished or while
-    it ran unsplit) is never split: it resumes in its own file."""
-    tail = len(jobs) % workers
-    groups = [[job] for job in jobs]
-    if workers <= 1 or tail == 0:
-        return groups
-    n_parts = workers // tail
-    for g, job in enumerate(jobs[len(jobs) - tail:], len(jobs) - tail):
-        seeds = list(job["seeds"])
-        if job["out"].exists():  # whole already: parts left by a join that was interrupted are spent
-            for i in range(n_parts):
-                _part_path(job["out"], i).unlink(missing_ok=True)
-            continue
-        if n_parts < 2 or len(seeds) < n_parts:
-            continue
-        size = math.ceil(len(seeds) / n_parts)
-        groups[g] = [{**job, "seeds": seeds[i * size:(i + 1) * size], "out": _part_path(job["out"], i)}
-                     for i in range(n_parts) if seeds[i * size:(i + 1) * size]]
-    return groups
-
-
-def _join_parts(parts: list[dict], out: Path) -> None:
-    """The parts' episodes into ``out``, part after part, then the parts removed."""
-    tmp = out.with_name(out.name + ".joining")
-    with open(tmp, "wb") as f:
-        for part in parts:
-            f.write(part["out"].read_bytes())
-    tmp.replace(out)
-    for part in parts:
-        part["out"].unlink(missing_ok=True)
-        part["out"].with_name(part["out"].name + ".lock").unlink(missing_ok=True)
-
-
-def _run_method_rollouts(jobs: list[dict], workers: int) -> None:
-    """Every job's rollouts: in this process, or ``workers`` at a time in worker processes (spawned, so no torch
-    state is forked). A job whose agent cannot be sent to a worker (a scripted or endpoint base) runs here.
-    The last round's jobs are split by seeds so that no worker idles (:func:`_split_last_round`); an
-    interrupted split job resumes in its parts."""
-    import pickle
-
-    parallel = []
-    for job in jobs:
-        try:
-            pickle.dumps(job["make"])
-            parallel.append(job)
-        except (pickle.PicklingError, AttributeError, TypeError):
-            pass
-    groups = _split_last_round(parallel, workers) if workers > 1 else []
-    if sum(len(group) for group in groups) <= 1:  # one process would do all of it: this one
-        parallel, groups = [], []
-    local = [job for job in jobs if not any(job is p for p in parallel)]
-    for job in local:
-        _method_rollouts(**job)
-    if not parallel:
-        return
-    from concurrent.futures import as_completed
-
-    logger.info("rolling out %d agents in %d worker processes", len(parallel), workers)
-    with _worker_pool(workers) as pool:
-        futures = {pool.submit(_method_rollouts, **{**part, "progress": False}): g
-                   for g, group in enumerate(groups) for part in group}
-        left = [len(group) for group in groups]
-        for future in as_completed(futures):
-            key, g = future.result(), futures[future]
-            left[g] -= 1
-            if left[g]:
-                continue
-            if len(groups[g]) > 1:
-                _join_parts(groups[g], parallel[g]["out"])
-            if jobs[0]["progress"]:
-                print(f"  rolled out {key} ({sum(n == 0 for n in left)}/{len(groups)})", flush=True)
 
 
 def _write_results(path: Path, results: dict, seeds: list[int], e) -> None:

@@ -1,7 +1,8 @@
 """The ``rollout`` stage: the base agent on the target's seeds -> ``rollouts/trajectories.jsonl``.
 
-With ``rollout.workers`` and a local model the episodes run in worker processes, each on a share of the seeds
-(the evaluate stage's pool, :func:`trace_train.pipeline.stages.evaluate._run_method_rollouts`).
+The episodes run on the rollout backend of ``rollout.engine`` (:func:`trace_train.backends.run_jobs`): with
+``rollout.workers`` and a local model in local worker processes, each on a share of the seeds; with ``ray``
+on Ray actors.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import math
 
 from ..config import parse_seeds
-from .common import _check_targets, _episodes_seconds, base_agent_factory, base_env_kwargs_fn
-from .evaluate import _part_path, _run_method_rollouts
+from trace_train.backends import RolloutJob, run_jobs
+from trace_train.backends.local import _part_path
+
+from .common import _check_targets, _episodes_seconds, base_agent_factory, base_env_kwargs_fn, workspace_registries
 
 
 def run_rollout(ctx) -> tuple[list[str], dict]:
@@ -23,11 +26,12 @@ def run_rollout(ctx) -> tuple[list[str], dict]:
     # Episodes already played before an interruption: in the file, or in the parts of a split run.
     before = sum(len(read_trajectories(path)) for path in [out, *(_part_path(out, i) for i in range(r.workers))])
     # In this process, or (rollout.workers, a local model) in several, each on a share of the seeds and
-    # resumable in its own part file, joined into one.
-    _run_method_rollouts([dict(key="base", make=base_agent_factory(ctx), targets=list(r.targets),
-                               seeds=parse_seeds("rollout.seeds", r.seeds), samples=r.samples, out=out,
-                               in_flight=r.in_flight, env_kwargs={env_id: kwargs(env_id) for env_id in r.targets},
-                               progress=ctx.progress)], r.workers)
+    # resumable in its own part file, joined into one; or on Ray actors (rollout.engine: ray).
+    job = RolloutJob(key="base", make=base_agent_factory(ctx), targets=list(r.targets),
+                     seeds=parse_seeds("rollout.seeds", r.seeds), samples=r.samples, out=out, in_flight=r.in_flight,
+                     env_kwargs={env_id: kwargs(env_id) for env_id in r.targets}, progress=ctx.progress,
+                     retry_env_errors=True, registries=workspace_registries(ctx), agent_name="base")
+    run_jobs([job], r.engine, workers=r.workers, ray=ctx.cfg.ray)
     records = read_trajectories(out)
     rewards = [float(rec.get("reward") or 0.0) for rec in records]
     return ["rollouts/trajectories.jsonl"], {

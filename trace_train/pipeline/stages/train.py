@@ -1,7 +1,7 @@
 """The ``train`` stage: GRPO, one LoRA adapter per capability, plus the SFT and multi-capability baselines -> ``train/``.
 
 Each adapter is one :func:`trace_train.train.grpo.train` run; with ``train.workers`` they run side by side in
-the evaluate stage's worker pool (:func:`trace_train.pipeline.stages.evaluate._worker_pool`), with
+the local rollout backend's worker pool (:func:`trace_train.backends.local._worker_pool`), with
 ``train.launcher: accelerate`` in ``accelerate launch`` processes.
 """
 
@@ -12,10 +12,11 @@ import logging
 import time
 from pathlib import Path
 
+from trace_train.backends.local import _worker_pool
+
 from ..config import ConfigError
 from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY, _selected,
                      _str, base_model_path, capability_envs)
-from .evaluate import _worker_pool
 
 logger = logging.getLogger(__name__)
 
