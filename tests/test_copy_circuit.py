@@ -114,7 +114,8 @@ def test_build_model_wires_the_circuit_of_a_preset(tmp_path, monkeypatch):
     """A preset with ``copy_circuit`` (like ``tiny``) builds a checkpoint that copies when reloaded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_train import models
+    from trace_train.tiny import build as models
+    from trace_train.tiny.metadata import model_metadata
     from trace_train.tiny.copy_circuit import CopyCircuit, copy_accuracy
 
     circuit = CopyCircuit(**CIRCUIT_KW)
@@ -128,7 +129,7 @@ def test_build_model_wires_the_circuit_of_a_preset(tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(built.path)
     assert model.config.rope_parameters["rope_theta"] == 1e28 and not model.config.tie_word_embeddings
     assert copy_accuracy(model, _repeated_random(len(tok), n=2, length=120, seed=3)) >= 0.95
-    assert models.model_metadata(built.path)["copy_accuracy_repeated_random"] >= 0.95  # measured at build time
+    assert model_metadata(built.path)["copy_accuracy_repeated_random"] >= 0.95  # measured at build time
     # The real preset fits its own circuit.
     tiny = models.PRESETS["tiny"]
     assert tiny.copy_circuit is not None and tiny.hidden_size == tiny.copy_circuit.hidden_size
@@ -193,7 +194,7 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
     from transformers import Qwen3ForCausalLM
 
     from trace_train.tiny.copy_circuit import CopyCircuit, circuit_gradient_masks, install_copy_circuit
-    from trace_train import models
+    from trace_train.tiny import sft_forward
     from trace_train.tiny.bootstrap import LOCAL_WINDOW, _banded_window
     from trace_train.tiny.sft_forward import local_attention_mass, sft_loss
 
@@ -218,8 +219,8 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
 
     held_masks = circuit_gradient_masks(wired, circuit, "positional")  # 0 where a weight is held fixed
     banded_calls = []
-    real_layer = models._local_decoder_layer
-    monkeypatch.setattr(models, "_local_decoder_layer", lambda *a, **k: banded_calls.append(1) or real_layer(*a, **k))
+    real_layer = sft_forward._local_decoder_layer
+    monkeypatch.setattr(sft_forward, "_local_decoder_layer", lambda *a, **k: banded_calls.append(1) or real_layer(*a, **k))
     for prefix_len, every_token in ((300, False), (0, False), (0, True)):
         results = []
         for window in (None, LOCAL_WINDOW):
