@@ -74,6 +74,23 @@ def _logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]
 
 
+def _same_but_ties(model, prompts, got, want) -> int:
+    """How many of the fast path's generations (``got``) equal ``generate``'s (``want``) token for token.
+
+    The only difference allowed is a tie that float rounding decides: the copy circuit makes some (two copy
+    candidates scored alike), and there generate's own cached and uncached forwards disagree too."""
+    exact = 0
+    for prompt, g, w in zip(prompts, got, want):
+        j = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), None)
+        if j is None:
+            assert len(g) == len(w)
+            exact += 1
+            continue
+        top = _logits(model, prompt + w[:j]).topk(2)
+        assert float(top.values[0] - top.values[1]) < 1e-4 and {g[j], w[j]} == set(top.indices.tolist()), (j, top)
+    return exact
+
+
 def test_greedy_decoding_matches_generate_token_for_token(tiny):
     from trace_train.tiny.fast_decode import FastDecoder
     from trace_train.tiny.sft_data import render_prompt
@@ -93,18 +110,7 @@ def test_greedy_decoding_matches_generate_token_for_token(tiny):
 
     got = [g.tokens for g in first + second]
     want = [_generate_reference(model, p, eos, 16) for p in prompts + second_prompts]
-    exact = 0
-    for prompt, g, w in zip(prompts + second_prompts, got, want):
-        j = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), None)
-        if j is None:
-            assert len(g) == len(w)
-            exact += 1
-            continue
-        # The only allowed difference is a tie that float rounding decides: the copy circuit makes some (two
-        # copy candidates scored alike), and there generate's own cached and uncached forwards disagree too.
-        top = _logits(model, prompt + w[:j]).topk(2)
-        assert float(top.values[0] - top.values[1]) < 1e-4 and {g[j], w[j]} == set(top.indices.tolist()), (j, top)
-    assert exact >= 16
+    assert _same_but_ties(model, prompts + second_prompts, got, want) >= 16
     # The second turns reused the first turns' keys and values (the store); the first turns had none to reuse.
     assert all(g.cached_tokens == 0 for g in first)
     assert all(g.cached_tokens > 0.9 * len(p) for g, p in zip(second, second_prompts))
@@ -174,16 +180,7 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k):
     assert used == {0, 1, 2}, used
     got = [g.tokens for g in FastDecoder(composed).generate(prompts, 16, eos)]
     want = [_generate_reference(composed, p, eos, 16) for p in prompts]
-    exact = 0
-    for prompt, g, w in zip(prompts, got, want):
-        j = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), None)
-        if j is None:
-            assert len(g) == len(w)
-            exact += 1
-            continue
-        top = _logits(composed, prompt + w[:j]).topk(2)
-        assert float(top.values[0] - top.values[1]) < 1e-4 and {g[j], w[j]} == set(top.indices.tolist()), (j, top)
-    assert exact >= 6
+    assert _same_but_ties(composed, prompts, got, want) >= 6
     with composed.force_routing(1):  # forced (per-episode) routing keeps generate()
         assert not auto_applies(composed)
 
