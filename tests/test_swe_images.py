@@ -7,7 +7,7 @@
   the process, instead of a 40-second debootstrap on every tool call;
 * two builders of one image on one machine run one after the other, and the second finds the image built;
 * an SWE episode whose image cannot be built ends with termination ``env_error``, never as the agent's
-  failure.
+  failure, and a rollout on a machine that cannot build the base image stops before its first episode.
 
 Needs a Docker engine (scripts/setup_docker.sh) and root (mounting a tmpfs), as `make test` has.
 """
@@ -121,3 +121,17 @@ def test_an_episode_whose_image_cannot_be_built_ends_with_env_error(scratch_base
     finally:
         env.close()
     assert env.unwrapped.open_resources() == []
+
+
+def test_a_rollout_on_a_machine_that_cannot_build_the_image_stops_before_its_first_episode(scratch_base, tmp_path):
+    from trace_envs import OracleAgent
+    from trace_envs.core import EnvError
+    from trace_envs.swe.repos import RepoSpec, save_repo
+    from trace_train.rollouts import run_rollouts
+
+    save_repo(RepoSpec("minicalc", f"dir:{FIXTURE / 'minicalc'}", ("tests",), (".",)))
+    out = tmp_path / "traj.jsonl"
+    with pytest.raises(EnvError, match="cannot run on this machine: the sandbox cannot run here: debootstrap failed"):
+        run_rollouts("trace/swe_repo-v0", OracleAgent(), range(3), out=out, progress=False,
+                     env_kwargs={"repos": ["minicalc"], "instances_dir": str(FIXTURE / "minicalc_instances")})
+    assert not out.exists() or out.read_text() == ""

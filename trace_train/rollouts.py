@@ -272,9 +272,9 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             ``env_ids``, ``seeds`` and ``samples`` are then ignored.
         on_record: called with each finished episode's record as it ends (after it is written to ``out``).
 
-    Before the first episode every env id is made once and its ``preflight()`` called (an SWE env builds its
-    images there): an env that cannot run on this machine raises :class:`trace_envs.core.EnvError` with the
-    reason, before any episode is played or written.
+    Before the first episode every env id is made once and its ``preflight()`` called (an SWE env checks
+    Docker and builds its base image there): an env that cannot run on this machine raises
+    :class:`trace_envs.core.EnvError` with the reason, before any episode is played or written.
 
     Returns:
         A :class:`RolloutSummary`.

@@ -193,17 +193,19 @@ class SweRepoEnv(RepoReadTools, TraceEnv):
             raise self._sandbox_gone(exc) from exc
 
     def preflight(self) -> None:
-        """Build (or find) the sandbox image of every repository with instances, so that an image that cannot
-        be built stops a rollout before its first episode instead of failing each one."""
+        """Check that a Docker engine answers and build (or find) the base image every repository's image is
+        made from, so that a machine that cannot run the sandbox stops a rollout before its first episode
+        instead of failing each one. A repository's own image is built when an episode first needs it (a
+        rollout of a few seeds should not build all eight); if that fails, the episode ends in env_error and
+        the failure is remembered for the rest of the process."""
         if self.sandbox_kind == "local":
             return
-        from .images import InfraError
+        from .images import InfraError, build_base_image
 
-        for key in sorted({i["repo"] for i in self.instances}):
-            try:
-                load_repo(key).image()
-            except InfraError as exc:
-                raise EnvError(f"the sandbox image of {key} cannot be built: {exc}") from exc
+        try:
+            build_base_image(verbose=False)
+        except InfraError as exc:
+            raise EnvError(f"the sandbox cannot run here: {exc}") from exc
 
     def open_resources(self) -> list[str]:
         out = [repr(self._box)] if self._box is not None else []
