@@ -135,19 +135,24 @@ def image_exists(client, tag: str) -> bool:
         return False
 
 
+def _file_stem(tag: str) -> str:
+    """An image tag as a file name (its lock, its build log)."""
+    return tag.replace(":", "-").replace("/", "-")
+
+
 def _build_lock(tag: str):
     """The machine-wide lock of one image's build (a file lock: it also holds across processes)."""
     from filelock import FileLock
 
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(locks / (tag.replace(":", "-").replace("/", "-") + ".lock")))
+    return FileLock(str(locks / (_file_stem(tag) + ".lock")))
 
 
 def _build_log(tag: str, text: str) -> Path:
     logs = cache_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    path = logs / (tag.replace(":", "-").replace("/", "-") + ".log")
+    path = logs / (_file_stem(tag) + ".log")
     path.write_text(text, errors="replace")
     return path
 
