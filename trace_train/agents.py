@@ -354,6 +354,11 @@ class HFAgent:
             if isinstance(tid, int) and tid >= 0 and tid != self.tokenizer.unk_token_id and tid not in eos:
                 eos.append(tid)
         self.eos_ids = eos
+        if prefix_cache and getattr(self.model, "stateful_routing", False):
+            # A context-gated composed model routes each token on every token before it, which a cache of keys
+            # and values alone does not carry: it re-reads the whole conversation every turn.
+            logger.info("%s: routing reads the whole sequence; the prefix cache is off", self.name)
+            prefix_cache = False
         self.prefix_cache = prefix_cache
         self._cache_entries: list[tuple[list[int], list[tuple[Any, Any]]]] = []
         self.cached_prompt_tokens = 0

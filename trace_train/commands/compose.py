@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="trajectory JSONL files or folders (without: fresh gates, i.e. the base model)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--top-k", type=int, default=1, help="slots per token (default: 1; 2 or 4 for the ablation)")
+    p.add_argument("--gate-input", choices=("token", "context"), default="token",
+                   help="what each gate reads: the block input at the token (default, the paper's gate) or that "
+                        "and the causal mean of the block inputs so far (for shallow models)")
     p.add_argument("--epochs", type=int, default=3, help="router training epochs (default: 3)")
     p.add_argument("--lr", type=float, default=5e-4, help="gate learning rate (default: 5e-4)")
     p.add_argument("--load-balance-coef", type=float, default=0.001, help="Switch balancing weight (default: 0.001)")
@@ -66,7 +69,7 @@ def cmd_compose(args) -> int:
         result = compose(args.base, args.adapters, args.data, args.out, top_k=args.top_k, train=cfg,
                          adapter_envs=adapter_envs or None, baselines=args.baselines, min_reward=args.min_reward,
                          max_length=args.max_length, stats_episodes=args.stats_episodes,
-                         threads=args.threads or None, device=args.device, progress=not args.no_progress)
+                         gate_input=args.gate_input, threads=args.threads or None, device=args.device, progress=not args.no_progress)
     except ComposeError as exc:
         raise CommandError(str(exc)) from exc
     if not args.data:

@@ -75,7 +75,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             out: str | Path, top_k: int = 1, train: RouterTrainConfig | Mapping[str, Any] | None = None,
             adapter_envs: Mapping[str, Sequence[str]] | None = None, baselines: Sequence[str] = BASELINES,
             min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
-            base_bias: float = 5.0, threads: int | None = 1, device: str = "cpu",
+            base_bias: float = 5.0, gate_input: str = "token", threads: int | None = 1, device: str = "cpu",
             progress: bool = True) -> ComposeResult:
     """Compose K capability adapters into one token-routed model and write it with its baselines.
 
@@ -97,6 +97,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         max_length: tokens per episode at most (longer ones are cut).
         stats_episodes: episodes per env for the routing statistics.
         base_bias: initial bias of the base slot.
+        gate_input: what the gates read: ``"token"`` (the block input at the token, the paper's gate) or
+            ``"context"`` (and the causal mean of the block inputs so far; for shallow models whose token
+            states do not carry the task). See :mod:`trace_train.compose.model`.
         threads: ``torch.set_num_threads`` (None leaves it alone).
         device: torch device.
         progress: tqdm bars.
@@ -126,7 +129,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     if records and not successful:
         raise ComposeError(f"none of the {len(records)} trajectories succeeded; the router learns from "
                            "successful episodes (lower --min-reward, or roll out each adapter on its own env)")
-    model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device)
+    model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device, gate_input=gate_input)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     result = ComposeResult(out_dir=out)
     result.labelled_envs = {env: model.adapter_names[s - 1] for env, s in sorted(slots.items())}

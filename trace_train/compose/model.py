@@ -12,6 +12,15 @@ with ``p_top`` the chosen slot's softmax probability (top-k sums the k chosen sl
 own probability; choosing slot 0 adds nothing). The base slot's bias starts at ``base_bias`` (5.0) and
 the gate weights near zero, so a fresh composed model routes every token to the base and is the base.
 
+What the gate reads (``gate_input``). ``"token"`` is the paper's gate: the block input at the token. On a
+model as shallow as the tiny CPU presets that input carries the token and the few before it, not the task,
+so a gate cannot tell a flight-status conversation from a cancellation (measured: docs/compose.md).
+``"context"`` concatenates the causal mean of the block's (normalised) inputs over the sequence so far: the
+choice is still per token and top-1, but it can rest on what the conversation is about. The mean is exact
+under a KV cache: each block keeps the running sum and count of its rows between the forwards of one
+``generate`` (left padding excluded through the attention mask), so a context-gated model needs the whole
+sequence from its first token in one generation (no prefix cache across calls; see :attr:`ComposedModel.stateful_routing`).
+
 The computation is sparse. A block's router turns its choices into one *dispatch* — the
 (token, weight) assignments of every expert, sorted by expert into segments — and every adapted
 projection of the block reuses it: one gather of the routed tokens, one pair of small matmuls per
@@ -44,6 +53,9 @@ COMPOSE_FILE = "compose.json"
 GATES_FILE = "gates.safetensors"
 FORMAT_VERSION = 1
 ROUTINGS = ("token", "per_episode")
+#: What a gate reads: ``token`` = the block input at the token (the paper's gate, ``Linear(hidden, K + 1)``);
+#: ``context`` = that and the causal mean of the block inputs so far (``Linear(2 · hidden, K + 1)``).
+GATE_INPUTS = ("token", "context")
 
 
 @dataclass
@@ -87,8 +99,39 @@ class BlockRouter:
         self.dispatch: Dispatch | None = None
         self.logits: torch.Tensor | None = None  # (B, T, K+1), kept while owner.keep_logits
         self.choice: torch.Tensor | None = None  # (B, T) top-1 slot, kept while owner.keep_choices
+        # Context gates: running (sum of normalised inputs, count, length) of each row of the sequence in progress.
+        self.context_state: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
-    def route(self, hidden: torch.Tensor) -> None:
+    def context(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The causal mean of the normalised block inputs up to each token (``x``: (B, T, hidden), normalised).
+
+        A forward that starts a sequence (no cached tokens for this block) starts the running sums; one that
+        continues it (decoding under a KV cache) adds to the sums it left. Padding (the model's attention mask,
+        at the start of a sequence) does not count.
+        """
+        batch, seq = x.shape[:2]
+        past = _past_length(cache, self.index)
+        mask = self.owner.token_mask
+        if past == 0:
+            weight = x.new_ones(batch, seq)
+            if mask is not None and tuple(mask.shape) == (batch, seq):
+                weight = mask.to(device=x.device, dtype=x.dtype)
+            total, count = x.new_zeros(batch, x.shape[-1]), x.new_zeros(batch)
+        else:
+            state = self.context_state
+            if state is None or state[0].shape[0] != batch or state[2] != past:
+                raise ComposeError("a context-gated composed model continued a sequence it did not start "
+                                   f"({past} cached tokens, no running context for them): give it the whole "
+                                   "sequence in one forward or generate (no prefix cache across calls)")
+            weight = x.new_ones(batch, seq)
+            total, count = state[0], state[1]
+        sums = torch.cumsum(x * weight.unsqueeze(-1), dim=1) + total.unsqueeze(1)
+        counts = torch.cumsum(weight, dim=1) + count.unsqueeze(1)
+        self.context_state = (sums[:, -1].detach(), counts[:, -1].detach(), past + seq)
+        mean = sums / counts.clamp(min=1.0).unsqueeze(-1)
+        return mean * torch.rsqrt(mean.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def route(self, hidden: torch.Tensor, cache: Any = None) -> None:
         owner = self.owner
         batch, seq = hidden.shape[:2]
         n = batch * seq
@@ -106,6 +149,8 @@ class BlockRouter:
         # the same effective learning rate.
         x = hidden.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if owner.gate_input == "context":
+            x = torch.cat([x, self.context(x, cache)], dim=-1)
         logits = self.gate(x.to(self.gate.weight.dtype))
         self.logits = logits if owner.keep_logits else None
         probs = torch.softmax(logits.float(), dim=-1).to(hidden.dtype).reshape(n, -1)
@@ -113,6 +158,16 @@ class BlockRouter:
         if owner.keep_choices:
             self.choice = slots[:, 0].view(batch, seq).detach()
         self.dispatch = _dispatch(slots, weights, owner.num_experts, owner.small_step_tokens)
+
+
+def _past_length(cache: Any, index: int) -> int:
+    """Tokens a KV cache already holds for block ``index`` (0 without a cache)."""
+    if cache is None:
+        return 0
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return int(layers[index].get_seq_length()) if index < len(layers) else 0
+    return int(cache.get_seq_length(index))
 
 
 def _forced_slots(forced: int | torch.Tensor, batch: int, seq: int, device) -> torch.Tensor:
@@ -247,12 +302,13 @@ class ComposeSpec:
     base_bias: float = 5.0
     routing: str = "token"
     training: dict | None = None
+    gate_input: str = "token"
 
     def as_json(self) -> dict:
         return {"format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
                 "base_sha256": self.base_sha256, "adapters": self.adapters, "target_modules": self.target_modules,
                 "top_k": self.top_k, "base_bias": self.base_bias, "routing": self.routing,
-                "training": self.training}
+                "gate_input": self.gate_input, "training": self.training}
 
 
 class ComposedModel(nn.Module):
@@ -278,6 +334,8 @@ class ComposedModel(nn.Module):
         super().__init__()
         if spec.top_k < 1 or spec.top_k > len(adapter_names) + 1:
             raise ComposeError(f"top_k={spec.top_k} must be between 1 and K + 1 = {len(adapter_names) + 1}")
+        if spec.gate_input not in GATE_INPUTS:
+            raise ComposeError(f"gate_input must be one of {', '.join(GATE_INPUTS)}, got {spec.gate_input!r}")
         self.model = model
         self.spec = spec
         self.adapter_names = list(adapter_names)
@@ -288,12 +346,14 @@ class ComposedModel(nn.Module):
         self.keep_logits = False
         self.keep_choices = False
         self.small_step_tokens = 16
+        self.token_mask: torch.Tensor | None = None  # the attention mask of the forward/generate in progress
         for p in model.parameters():
             p.requires_grad_(False)
         blocks = _decoder_layers(model)
         hidden = model.config.hidden_size
         dtype = next(model.parameters()).dtype
-        self.gates = nn.ModuleList(nn.Linear(hidden, self.num_experts + 1, bias=True, dtype=dtype)
+        width = hidden * (2 if spec.gate_input == "context" else 1)
+        self.gates = nn.ModuleList(nn.Linear(width, self.num_experts + 1, bias=True, dtype=dtype)
                                    for _ in blocks)
         self.reset_gates(spec.base_bias)
         self.routers = [BlockRouter(g, i, self) for i, g in enumerate(self.gates)]
@@ -315,13 +375,15 @@ class ComposedModel(nn.Module):
     def _make_hook(router: BlockRouter):
         def hook(module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
-            router.route(hidden)
+            cache = kwargs.get("cache", kwargs.get("past_key_values", kwargs.get("past_key_value")))
+            router.route(hidden, cache)
         return hook
 
     # ------------------------------------------------------------------ construction and persistence
     @classmethod
     def build(cls, base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], top_k: int = 1,
-              base_bias: float = 5.0, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "ComposedModel":
+              base_bias: float = 5.0, dtype: torch.dtype = torch.float32, device: str = "cpu",
+              gate_input: str = "token") -> "ComposedModel":
         """A composed model with fresh gates (it starts as the base model).
 
         Args:
@@ -329,6 +391,8 @@ class ComposedModel(nn.Module):
             adapters: K PEFT LoRA adapter folders (or ``name=folder`` strings, or a ``{name: folder}`` dict).
             top_k: slots per token (1, 2 or 4 in the paper's ablation).
             base_bias: initial bias of the base slot (5.0 → p_base ≈ 0.97 with near-zero gate weights).
+            gate_input: ``"token"`` (the block input at the token) or ``"context"`` (and the causal mean of the
+                block inputs so far); see the module docstring.
             dtype, device: of the loaded model.
         """
         from transformers import AutoModelForCausalLM
@@ -343,7 +407,7 @@ class ComposedModel(nn.Module):
         plain, experts = extract_experts(model, refs)
         spec = ComposeSpec(base=str(base.resolve()), base_sha256=base_digest, adapters=[r.as_json() for r in refs],
                            target_modules=sorted({n.rpartition(".")[2] for n in experts}), top_k=top_k,
-                           base_bias=base_bias)
+                           base_bias=base_bias, gate_input=gate_input)
         return cls(plain, experts, spec, [r.name for r in refs]).to(device).eval()
 
     def save_pretrained(self, out: str | Path, tokenizer: Any = None) -> Path:
@@ -403,7 +467,8 @@ class ComposedModel(nn.Module):
                 raise ComposeError(f"{path}: the {what} at {folder} changed since composing (SHA-256 differs); "
                                    "compose again, or load with check_hashes=False at your own risk")
         model = cls.build(raw["base"], {a["name"]: a["path"] for a in raw["adapters"]},
-                          top_k=top_k or raw["top_k"], base_bias=raw["base_bias"], dtype=dtype, device=device)
+                          top_k=top_k or raw["top_k"], base_bias=raw["base_bias"], dtype=dtype, device=device,
+                          gate_input=raw.get("gate_input", "token"))
         model.spec.training = raw.get("training")
         model.routing = routing or raw.get("routing", "token")
         state = load_file(str(path / GATES_FILE))
@@ -420,12 +485,35 @@ class ComposedModel(nn.Module):
 
     # ------------------------------------------------------------------ use
     def forward(self, *args, **kwargs):
-        with self._episode_routing(args, kwargs):
+        with self._episode_routing(args, kwargs), self._token_mask(kwargs):
             return self.model(*args, **kwargs)
 
     def generate(self, *args, **kwargs):
-        with self._episode_routing(args, kwargs):
+        with self._episode_routing(args, kwargs), self._token_mask(kwargs):
             return self.model.generate(*args, **kwargs)
+
+    @property
+    def gate_input(self) -> str:
+        """What the gates read: ``"token"`` or ``"context"`` (see the module docstring)."""
+        return self.spec.gate_input
+
+    @property
+    def stateful_routing(self) -> bool:
+        """True when routing depends on every earlier token of the sequence (context gates): such a model must
+        see a sequence from its first token within one ``forward``/``generate`` (callers turn their prefix
+        caches off)."""
+        return self.spec.gate_input == "context" and self.forced is None and self.spec.routing == "token"
+
+    @contextlib.contextmanager
+    def _token_mask(self, kwargs) -> Iterator[None]:
+        """Expose the call's 2-D attention mask to the context gates (left padding must not count)."""
+        mask = kwargs.get("attention_mask")
+        previous = self.token_mask
+        self.token_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        try:
+            yield
+        finally:
+            self.token_mask = previous
 
     @property
     def routing(self) -> str:
@@ -534,4 +622,4 @@ def is_composed_dir(path: str | Path) -> bool:
 
 
 __all__ = ["ComposedModel", "ComposeSpec", "RoutedLoRALinear", "BlockRouter", "Dispatch", "AdapterRef",
-           "is_composed_dir", "COMPOSE_FILE"]
+           "is_composed_dir", "COMPOSE_FILE", "GATE_INPUTS"]

@@ -80,6 +80,9 @@ def _check(model: Any) -> None:
     if _is_composed(model) and (model.routing != "token" or model.forced is not None):
         # One adapter per episode differs per row, so the rows of a batch could not share the prefix's keys.
         raise Unsupported("per-episode (forced) routing")
+    if _is_composed(model) and getattr(model, "gate_input", "token") != "token":
+        # Its gates read a running mean over the sequence, which this loop's per-row caches do not keep.
+        raise Unsupported(f"{model.gate_input} gates")
     base = _base_model(model)
     config = getattr(base, "config", None)
     if type(base).__name__ != "Qwen3ForCausalLM" or getattr(config, "model_type", None) != "qwen3":

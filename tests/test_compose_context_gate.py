@@ -1,0 +1,137 @@
+"""Context gates of the composed model (``gate_input="context"``): the choice of a token rests on the causal
+mean of the block inputs so far, exactly the same whether the sequence is read in one forward, decoded token by
+token under a KV cache, or left-padded in a batch; the gate reads what came before, not what comes after; the
+folder saves and loads it; agents turn their prefix caches and the fast loop off for it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from test_compose import ENV, make_adapter, scramble_gates, tokens  # noqa: E402
+from trace_train.compose import ComposedModel, ComposeError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.set_num_threads(1)
+    from trace_train.tiny.build import build_model
+
+    root = tmp_path_factory.mktemp("context_gate")
+    base = str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model", env_ids=[ENV],
+                           corpus_seeds=4).path)
+    adapters = {f"cap{k}": make_adapter(base, root / f"cap{k}", seed=k, r=4) for k in range(2)}
+    return base, adapters, root
+
+
+@pytest.fixture(scope="module")
+def model(setup):
+    base, adapters, _ = setup
+    m = ComposedModel.build(base, adapters, gate_input="context")
+    scramble_gates(m, scale=8.0)
+    return m
+
+
+def choices(model, ids, **kwargs):
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        out = model(input_ids=ids, **kwargs)
+        return out, [r.choice.clone() for r in routers]
+
+
+def test_context_gates_read_twice_the_hidden_size_and_route_tokens_over_every_slot(setup, model):
+    base, _, _ = setup
+    hidden = AutoModelForCausalLM.from_pretrained(base).config.hidden_size
+    assert all(g.in_features == 2 * hidden for g in model.gates)
+    assert model.gate_parameter_count() == len(model.gates) * (2 * hidden + 1) * 3
+    _, picks = choices(model, tokens(base, batch=4, seq=40))
+    assert set(torch.cat([c.flatten() for c in picks]).tolist()) == {0, 1, 2}
+
+
+def test_a_token_is_routed_on_what_came_before_it_not_after(setup, model):
+    base, _, _ = setup
+    ids = tokens(base, batch=1, seq=30, seed=3)
+    _, full = choices(model, ids)
+    _, head = choices(model, ids[:, :12])
+    for f, h in zip(full, head):
+        assert torch.equal(f[:, :12], h)  # causal: the later tokens change nothing before them
+    # ...and an earlier token does change the choice of a later one (the token gate could not).
+    other = ids.clone()
+    other[0, :6] = tokens(base, batch=1, seq=6, seed=9)[0]
+    _, changed = choices(model, other)
+    assert any(not torch.equal(a[:, 6:], b[:, 6:]) for a, b in zip(full, changed))
+
+
+def test_decoding_under_a_kv_cache_gives_the_choices_and_logits_of_one_forward(setup, model):
+    base, _, _ = setup
+    ids = tokens(base, batch=2, seq=24, seed=5)
+    whole, whole_choices = choices(model, ids)
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        out = model(input_ids=ids[:, :10], use_cache=True)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        logits, picks = [out.logits], [[r.choice.clone()] for r in routers]
+        for t in range(10, 24):
+            kwarg = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+            out = model(input_ids=ids[:, t:t + 1], use_cache=True, **{kwarg: cache})
+            logits.append(out.logits)
+            for p, r in zip(picks, routers):
+                p.append(r.choice.clone())
+    assert torch.allclose(torch.cat(logits, dim=1), whole.logits, atol=1e-4)
+    for p, w in zip(picks, whole_choices):
+        assert torch.equal(torch.cat(p, dim=1), w)
+
+
+def test_left_padding_does_not_count_toward_the_context(setup, model):
+    base, _, _ = setup
+    seq = tokens(base, batch=1, seq=18, seed=7)
+    _, alone = choices(model, seq)
+    padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), seq], dim=1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 18, dtype=torch.long)], dim=1)
+    _, with_pad = choices(model, padded, attention_mask=mask)
+    for a, p in zip(alone, with_pad):
+        assert torch.equal(a, p[:, 5:])
+
+
+def test_generate_matches_with_and_without_padding_and_a_stray_continuation_is_refused(setup, model):
+    base, _, _ = setup
+    a, b = tokens(base, batch=1, seq=15, seed=11), tokens(base, batch=1, seq=9, seed=12)
+    with torch.no_grad():
+        alone = model.generate(input_ids=b, attention_mask=torch.ones_like(b), max_new_tokens=8, do_sample=False)
+        batch = torch.cat([a, torch.cat([torch.zeros(1, 6, dtype=torch.long), b], dim=1)])
+        mask = torch.ones_like(batch)
+        mask[1, :6] = 0
+        both = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    assert both[1, 15:].tolist() == alone[0, 9:].tolist()
+    # A cache the model did not fill in this sequence has no running context: a clear error, not a guess.
+    from transformers import DynamicCache
+
+    plain = AutoModelForCausalLM.from_pretrained(base).eval()
+    with torch.no_grad():
+        out = plain(input_ids=a[:, :10], use_cache=True)
+    foreign = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    assert isinstance(foreign, DynamicCache)
+    fresh = ComposedModel.build(base, setup[1], gate_input="context")
+    kwarg = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    with pytest.raises(ComposeError, match="did not start"), torch.no_grad():
+        fresh(input_ids=a[:, 10:11], use_cache=True, **{kwarg: foreign})
+
+
+def test_the_folder_keeps_the_gate_input_and_agents_read_whole_sequences(setup, model, tmp_path):
+    base, _, _ = setup
+    model.save_pretrained(tmp_path / "moe")
+    loaded = ComposedModel.from_pretrained(tmp_path / "moe")
+    assert loaded.gate_input == "context" and loaded.stateful_routing
+    ids = tokens(base, batch=2, seq=20, seed=13)
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-5)
+    from trace_train.agents import HFAgent
+    from trace_train.tiny import fast_decode
+
+    assert not fast_decode.supported(loaded)[0]
+    agent = HFAgent(str(tmp_path / "moe"), temperature=0.0, max_new_tokens=4)
+    assert agent.decode == "hf" and agent.prefix_cache is False
+    with pytest.raises(ComposeError, match="gate_input"):
+        ComposedModel.build(base, setup[1], gate_input="pooled")
