@@ -4,6 +4,7 @@ evaluation of every method), then the same run SIGKILLed during training and res
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -88,6 +89,13 @@ def test_every_stage_writes_its_artifacts_and_every_report_table_holds_numbers(f
         assert 0.0 <= m["overall"]["pass@1"]["value"] <= 1.0
         assert len((run / m["trajectories"]).read_text().splitlines()) == 3
     assert results["trace_moe"]["rollouts_spent"] > results["adapter:tool_calling_precision"]["rollouts_spent"] > 0
+    # Where the MoE's router sent each target family's tokens, read from its own evaluation episodes.
+    routing = (run / results["trace_moe"]["trajectories"]).parent / results["trace_moe"]["routing_by_family"]
+    families = {json.loads(line)["scenario"] for line in (run / results["base"]["trajectories"]).read_text().splitlines()}
+    with open(routing) as f:
+        shares = [r for r in csv.DictReader(f) if r["role"] == "all"]
+    assert {r["env_id"] for r in shares} == families
+    assert all(abs(sum(float(r[s]) for s in ("base", *CAPABILITIES)) - 1.0) < 1e-3 for r in shares)
 
     from trace_train.report import build_document
 

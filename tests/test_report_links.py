@@ -58,6 +58,11 @@ def run_dir(tmp_path):
         metrics = evaluate(run / rel, ks=(1,), n_boot=0)
         results["methods"][key] = {"label": key, "available": True, "trajectories": str(rel),
                                    "overall": metrics["overall"]}
+    # Where the MoE's router sent each family's tokens (the evaluate stage writes it beside the episodes).
+    (run / "eval" / "trace_moe" / "routing_by_family.csv").write_text(
+        "env_id,role,tokens,base,cap_a,cap_b\n"
+        "f1,all,900,0.1,0.8,0.1\nf1,assistant,300,0.0,1.0,0.0\nf2,all,800,0.2,0.1,0.7\nf3,all,700,0.9,0.05,0.05\n")
+    results["methods"]["trace_moe"]["routing_by_family"] = "routing_by_family.csv"
     (run / "eval" / "results.json").write_text(json.dumps(results))
     env = lambda agent, rate: [{"env_id": "gen/cap_a-v0", "seed": s, "sample": 0, "agent": agent,  # noqa: E731
                                 "success": s < rate, "reward": float(s < rate), "termination": "agent_stop",
@@ -97,6 +102,9 @@ def test_the_links_follow_the_per_family_results(run_dir):
     assert l4["moe"] == pytest.approx(50 / 60) and l4["best_single"] == ("adapter:cap_a", pytest.approx(30 / 60))
     assert l4["per_family"]["f2"]["value"] == pytest.approx(1.0) and l4["verdict"] == "held"
     assert links["L4"]["sentence"].startswith("L4 held")
+    assert l4["routing"] == {"f1": {"base": 0.1, "cap_a": 0.8, "cap_b": 0.1},
+                             "f2": {"base": 0.2, "cap_a": 0.1, "cap_b": 0.7},
+                             "f3": {"base": 0.9, "cap_a": 0.05, "cap_b": 0.05}}
     assert "cap_b +0.000" in links["L3"]["sentence"]
 
 
@@ -109,3 +117,4 @@ def test_the_report_has_the_links_section(run_dir):
     assert "| L4 | MoE vs base | +0.667 [" in text and "L3 failed" in text
     assert "| L2 | cap_a adapter on its env | +0.800 [" in text
     assert "| f2 |" in text  # the per-family table
+    assert "| f1 | 0.10 | 0.80 | 0.10 |" in text  # where the router sent each family

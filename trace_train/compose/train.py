@@ -170,10 +170,11 @@ def routing_stats(model: ComposedModel, episodes: Sequence[EncodedTrajectory], p
     return rows
 
 
-def write_routing(rows: list[dict], slot_names: Sequence[str], out_dir: Path) -> tuple[Path, Path | None]:
-    """``routing.csv`` (every env x role) and ``routing.png`` (heat map: env x role rows, slot columns)."""
+def write_routing(rows: list[dict], slot_names: Sequence[str], out_dir: Path,
+                  name: str = "routing") -> tuple[Path, Path | None]:
+    """``<name>.csv`` (every env x role) and ``<name>.png`` (heat map: env x role rows, slot columns)."""
     out_dir = Path(out_dir)
-    csv_path = out_dir / "routing.csv"
+    csv_path = out_dir / f"{name}.csv"
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["env_id", "role", "tokens", *slot_names])
         w.writeheader()
@@ -198,7 +199,7 @@ def write_routing(rows: list[dict], slot_names: Sequence[str], out_dir: Path) ->
     ax.set_title("Share of tokens per slot (all blocks)", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
-    png = out_dir / "routing.png"
+    png = out_dir / f"{name}.png"
     fig.savefig(png, dpi=120)
     plt.close(fig)
     return csv_path, png

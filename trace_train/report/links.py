@@ -175,10 +175,27 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     moe_value = ((methods.get("trace_moe") or {}).get("overall", {}).get("pass@1") or {}).get("value")
     parts = [_above(overall), None if best is None or moe_value is None else bool(moe_value >= best[1] - 1e-12)]
     out["L4"] = {"overall": overall, "per_family": per_family, "best_single": best, "moe": moe_value,
-                 "verdict": _verdict(parts)}
+                 "routing": _routing_shares(run, methods.get("trace_moe") or {}), "verdict": _verdict(parts)}
     for link, entry in out.items():
         entry["name"], entry["question"] = LINKS[link]
         entry["sentence"] = _sentence(link, entry)
+    return out
+
+
+def _routing_shares(run: Path, moe: dict) -> dict[str, dict[str, float]]:
+    """Family -> {slot: share of the family's tokens} over all roles and blocks, from the MoE's
+    ``routing_by_family.csv`` (written beside its episodes by the evaluate stage); {} when absent."""
+    import csv
+
+    name, traj = moe.get("routing_by_family"), moe.get("trajectories")
+    path = run / Path(traj).parent / name if name and traj else None
+    if path is None or not path.exists():
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("role") == "all":
+                out[row["env_id"]] = {k: float(v) for k, v in row.items() if k not in ("env_id", "role", "tokens")}
     return out
 
 
@@ -267,6 +284,13 @@ def links_section(doc, links: dict) -> None:
                   [[f, _fmt((l1.get("per_family") or {}).get(f)), _fmt((l4.get("per_family") or {}).get(f))]
                    for f in families],
                   "Δ pass@1 per target family, with 95% paired bootstrap intervals.")
+    routing = l4.get("routing") or {}
+    if routing:
+        slots = list(next(iter(routing.values())))
+        doc.table(["family", *slots], [[f, *(f"{shares.get(s, 0.0):.2f}" for s in slots)]
+                                       for f, shares in sorted(routing.items())],
+                  "L4: where the MoE's router sent each target family's tokens (share per slot, all roles, "
+                  "averaged over the blocks), on the evaluation's own episodes.")
     l2 = [r for r in links["L2"]["rows"] if r.get("delta")]
     if l2:
         keys = sorted({k for r in l2 for side in r["breakdown"].values() for k in side})

@@ -146,12 +146,39 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
             cmp = compare(base_traj, out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
             row["delta_vs_base"] = cmp["delta"]
             row["tasks_vs_base"] = cmp["tasks"]
+        if key == "trace_moe":  # where its router sent each family's tokens (the composition link's why)
+            moe = ((ctx.summary("compose") if ctx.done("compose") else {}).get("methods") or {}).get("composed") or {}
+            row["routing_by_family"] = _routing_by_family(moe.get("model"), out)
         (out.parent / "metrics.json").write_text(json.dumps(row, indent=2, default=str) + "\n")
         results[key] = row
     _write_results(ctx.path("eval", "results.json"), results, seeds, e)
     return ["eval"], {"methods": {k: (v.get("overall", {}).get("pass@1") or {}).get("value")
                                   for k, v in results.items() if v.get("available")},
                       "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
+
+
+def _routing_by_family(folder: str | None, trajectories: Path) -> str | None:
+    """``routing_by_family.csv`` (and ``.png``) beside the MoE's episodes: the share of tokens each slot received,
+    per target family and message role, over the blocks; its file name (None without a composed model). The
+    family of an episode is its task's scenario."""
+    from trace_train.compose import ComposedModel, is_composed_dir
+    from trace_train.compose.data import encode
+    from trace_train.compose.train import routing_stats, write_routing
+    from trace_train.rollouts import read_trajectories
+
+    if not folder or not is_composed_dir(folder) or not trajectories.exists():
+        return None
+    from transformers import AutoTokenizer
+
+    model = ComposedModel.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    episodes = []
+    for record in read_trajectories(trajectories):
+        family = record.get("scenario") or (record.get("task") or {}).get("scenario") or record["env_id"]
+        episodes.append(encode(tokenizer, {**record, "env_id": str(family)}, None))
+    csv_path, _ = write_routing(routing_stats(model, episodes), model.slot_names(), trajectories.parent,
+                                name="routing_by_family")
+    return csv_path.name
 
 
 def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tuple[list[RolloutJob], list[tuple]]:
