@@ -54,6 +54,9 @@ from .config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
 
+#: Seconds per request of an endpoint policy (policy_base_url): a long turn of a large model on a busy server.
+ENDPOINT_TIMEOUT_S = 300.0
+
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
                "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
@@ -187,6 +190,33 @@ class _HintedAgent:
     def __call__(self, observation: str, info: dict):
         return self.act_batch([observation], [info])[0]
 
+    def close(self) -> None:
+        close = getattr(self.agent, "close", None)
+        if callable(close):
+            close()
+
+
+class _Hinted:
+    """A picklable agent factory: the agent of ``make`` in hint mode (built where the episodes run)."""
+
+    def __init__(self, make: Any, hint: str) -> None:
+        self.make, self.hint = make, hint
+
+    def __call__(self) -> _HintedAgent:
+        return _HintedAgent(self.make(), self.hint)
+
+
+@dataclass
+class EndpointPolicy:
+    """The policy of a step when ``policy_base_url`` is set: not an agent, but how to build one where the episodes
+    run (``make``, a picklable factory of :class:`~trace_train.agents.OpenAIChatAgent`) and where that is
+    (``engine``, ``workers``, ``ray``), for :func:`trace_train.backends.run_jobs`."""
+
+    make: Any
+    engine: str
+    workers: int = 1
+    ray: Any = None
+
 
 def _flat(rewards: Sequence[float]) -> bool:
     return max(rewards) - min(rewards) < 1e-9
@@ -208,47 +238,128 @@ class GroupRollouts:
         self.last: dict = {}
 
     def _agent(self, trainer):
+        top_p = getattr(trainer.args, "top_p", 1.0) or 1.0
+        if self.cfg.policy_base_url is not None:
+            return self._endpoint_policy(top_p)
         from ..agents import HFAgent
 
         model = trainer.accelerator.unwrap_model(trainer.model)
-        top_p = getattr(trainer.args, "top_p", 1.0) or 1.0
         # threads/seed None: the run set the threads, and sampling follows the trainer's (checkpointed) RNG.
         return HFAgent(model, tokenizer=trainer.processing_class, threads=None, device=self.device,
                        max_new_tokens=self.cfg.max_turn_tokens, temperature=self.cfg.temperature, top_p=top_p,
                        max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
                        name="grpo-policy", decode=self.cfg.decode)
 
-    def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
-        """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
-        group's members play with the hint."""
-        from ..rollouts import run_rollouts
+    def _endpoint_policy(self, top_p: float) -> EndpointPolicy:
+        """How the step's episodes are played with ``policy_base_url``: an :class:`~trace_train.agents.OpenAIChatAgent`
+        on the policy server, built where they run (the sampling settings are the ones HFAgent would use)."""
+        import functools
 
-        results: list[list[dict]] = [[] for _ in groups]
+        from ..agents import OpenAIChatAgent
+
+        cfg = self.cfg
+        ray = None
+        if cfg.rollout_engine == "ray":
+            from ..pipeline.config import ray_section
+
+            ray = ray_section(cfg.ray)
+        # Requests in flight per agent: an actor's batch on Ray, a whole step's episodes locally.
+        concurrency = ray.max_concurrent_per_actor if ray is not None else max(1, cfg.batch_rollouts)
+        make = functools.partial(OpenAIChatAgent, cfg.policy_name, base_url=cfg.policy_base_url,
+                                 temperature=cfg.temperature, top_p=top_p if top_p < 1.0 else None,
+                                 max_tokens=cfg.max_turn_tokens, concurrency=concurrency,
+                                 timeout=ENDPOINT_TIMEOUT_S)
+        return EndpointPolicy(make=make, engine=cfg.rollout_engine, workers=cfg.rollout_workers, ray=ray)
+
+    def _seed_batches(self, groups: list[tuple[str, int, int]]):
+        """``(env id, members, indices of groups)`` of ``groups``: per env and group size, sets of groups with distinct
+        seeds (a seed drawn twice is played twice, in two batches)."""
         for env_id in dict.fromkeys(e for e, _, _ in groups):
             for n in sorted({m for e, _, m in groups if e == env_id}):
-                hinted = int(self.cfg.hint_share * n)
-                plays = [(agent, n - hinted)] + ([(_HintedAgent(agent, self.hints[env_id]), hinted)] if hinted else [])
                 pending = [i for i, (e, _, m) in enumerate(groups) if e == env_id and m == n]
-                while pending:  # one call per set of distinct seeds: a seed drawn twice is played twice
+                while pending:
                     batch, seen = [], set()
                     for i in pending:
                         if groups[i][1] not in seen:
                             batch.append(i)
                             seen.add(groups[i][1])
                     pending = [i for i in pending if i not in batch]
-                    seeds = [groups[i][1] for i in batch]
-                    for who, samples in plays:
-                        if samples < 1:
-                            continue
-                        summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
-                                               in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
-                                               progress=False, keep_records=True,
-                                               max_steps=self.cfg.max_tool_calling_iterations)
-                        by_seed: dict[int, list[dict]] = {}
-                        for record in sorted(summary.records, key=lambda r: (r["seed"], r["sample"])):
-                            by_seed.setdefault(int(record["seed"]), []).append(record)
-                        for i in batch:
-                            results[i].extend(by_seed[groups[i][1]])
+                    yield env_id, n, batch
+
+    @staticmethod
+    def _by_seed(records: list[dict]) -> dict[int, list[dict]]:
+        by_seed: dict[int, list[dict]] = {}
+        for record in sorted(records, key=lambda r: (r["seed"], r["sample"])):
+            by_seed.setdefault(int(record["seed"]), []).append(record)
+        return by_seed
+
+    def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
+        """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
+        group's members play with the hint. An :class:`EndpointPolicy` plays them through the rollout seam
+        (:meth:`_play_jobs`); an agent, in this process."""
+        if isinstance(agent, EndpointPolicy):
+            return self._play_jobs(agent, groups)
+        from ..rollouts import run_rollouts
+
+        results: list[list[dict]] = [[] for _ in groups]
+        for env_id, n, batch in self._seed_batches(groups):
+            hinted = int(self.cfg.hint_share * n)
+            plays = [(agent, n - hinted)] + ([(_HintedAgent(agent, self.hints[env_id]), hinted)] if hinted else [])
+            seeds = [groups[i][1] for i in batch]
+            for who, samples in plays:
+                if samples < 1:
+                    continue
+                summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
+                                       in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
+                                       progress=False, keep_records=True,
+                                       max_steps=self.cfg.max_tool_calling_iterations)
+                by_seed = self._by_seed(summary.records)
+                for i in batch:
+                    results[i].extend(by_seed[groups[i][1]])
+        return results
+
+    def _play_jobs(self, policy: EndpointPolicy, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
+        """The episodes of ``groups`` played by the endpoint agent through :func:`trace_train.backends.run_jobs`: one
+        :class:`~trace_train.backends.RolloutJob` per (env, seed batch), and one more for the batch's hinted members,
+        on ``policy.engine`` (local processes or Ray actors); grouped as :meth:`_play` groups them."""
+        import tempfile
+
+        from ..backends import RolloutJob, run_jobs
+        from ..rollouts import read_trajectories
+
+        cfg = self.cfg
+        results: list[list[dict]] = [[] for _ in groups]
+        with tempfile.TemporaryDirectory(prefix="trace-grpo-rollouts-") as tmp:
+            jobs, batches = [], []
+            for env_id, n, batch in self._seed_batches(groups):
+                hinted = int(cfg.hint_share * n)
+                seeds = [groups[i][1] for i in batch]
+                for make, samples in ((policy.make, n - hinted), (_Hinted(policy.make, self.hints.get(env_id, "")), hinted)):
+                    if samples < 1:
+                        continue
+                    jobs.append(RolloutJob(key=f"grpo:{env_id}", make=make, targets=[env_id], seeds=seeds,
+                                           out=Path(tmp) / f"job{len(jobs)}.jsonl", samples=samples,
+                                           in_flight=len(seeds) * samples, env_kwargs={env_id: self.env_kwargs[env_id]},
+                                           max_steps=cfg.max_tool_calling_iterations, registries=list(cfg.registry),
+                                           progress=False))
+                    batches.append(batch)
+            run_jobs(jobs, policy.engine, workers=policy.workers, ray=policy.ray)
+            played = []
+            for job, batch in zip(jobs, batches):
+                records = read_trajectories(job.out)
+                played.extend(records)
+                by_seed = self._by_seed(records)
+                for i in batch:
+                    got = by_seed.get(groups[i][1], [])
+                    if len(got) != job.samples:
+                        raise RuntimeError(f"the {policy.engine} rollout backend returned {len(got)} episodes of "
+                                           f"{groups[i][0]} seed {groups[i][1]}, not {job.samples}")
+                    results[i].extend(got)
+        failed = [r for r in played if r.get("steps") and r.get("agent_errors", 0) >= r["steps"]]
+        if played and len(failed) == len(played):
+            raise RuntimeError(f"every request of the step's {len(played)} episodes to the policy server at "
+                               f"{cfg.policy_base_url} failed (model {cfg.policy_name!r}); is it still up? The "
+                               "episodes are not trained on")
         return results
 
     def _resample_seed(self, step: int, group: int, attempt: int) -> int:
@@ -574,6 +685,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     device = cfg.check_device()
     cfg.check_trl_args()
     _load_envs(cfg)
+    _check_policy_endpoint(cfg)
     if not Path(cfg.model).is_dir() and not _in_hf_cache(cfg.model):
         raise ConfigError(f"TrainConfig.model = {cfg.model!r} is neither a folder nor a model in the local Hugging "
                           "Face cache (the hub is offline). Fix: pass the folder `trace model bootstrap` printed")
@@ -654,6 +766,27 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
     (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
+
+
+def _check_policy_endpoint(cfg: TrainConfig) -> None:
+    """With ``policy_base_url``: the server answers, and the Ray cluster of ``rollout_engine: ray`` too, before any
+    model loads; a server that nothing syncs with the trained weights is said once."""
+    if cfg.policy_base_url is None or cfg.sft:
+        return
+    cfg.check_policy_endpoint()
+    if cfg.rollout_engine == "ray":
+        from ..backends.ray_backend import RayBackendError, connect
+        from ..pipeline.config import ray_section
+
+        try:
+            connect(ray_section(cfg.ray).address)
+        except RayBackendError as exc:
+            raise ConfigError(f"TrainConfig.ray: {exc}") from None
+    if not cfg.use_vllm:
+        logger.warning("policy_base_url %s is not synced with the weights being trained (use_vllm is off): the "
+                       "episodes come from whatever that server serves, i.e. off-policy after the first step. On GPUs "
+                       "set use_vllm: true and vllm_mode: server, so that TRL pushes the weights to it every step",
+                       cfg.policy_base_url)
 
 
 def _shared_prefix_loss(cfg: TrainConfig, model, device: str) -> bool:
