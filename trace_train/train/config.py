@@ -154,6 +154,10 @@ class TrainConfig:
         "own weights play: off-policy, e.g. `transformers serve` in tests)", default=None)
     policy_model: str | None = _help("the model name the policy server serves (policy_base_url; default: model)",
                                      default=None)
+    policy_extra_body: dict = _help("extra JSON fields of every request to the policy server (policy_base_url), e.g. "
+                                    "vLLM's {top_k: 50} or {chat_template_kwargs: {enable_thinking: false}}; "
+                                    "`transformers serve` samples only with {generation_config: '{\"do_sample\": "
+                                    "true}'} when the model's generation config is greedy", default_factory=dict)
     rollout_engine: str = _help("where endpoint rollouts (policy_base_url) run: 'local' (the trainer's process, or "
                                 "rollout_workers processes of this machine) or 'ray' (actors of a Ray cluster; the ray "
                                 "settings); the trainer stays on its GPUs either way", default="local")
@@ -291,6 +295,8 @@ class TrainConfig:
                                           "e.g. http://127.0.0.1:8000/v1 (or null for HFAgent in this process)")
         if self.policy_model is not None and (not isinstance(self.policy_model, str) or not self.policy_model):
             self._fail("policy_model", "give the name the server serves the model under, or null for model")
+        if not isinstance(self.policy_extra_body, dict):
+            self._fail("policy_extra_body", "give a mapping of request fields, e.g. {top_k: 50}")
         if self.rollout_engine not in ENGINES:
             self._fail("rollout_engine", f"choose one of {', '.join(ENGINES)}")
         if isinstance(self.rollout_workers, bool) or not isinstance(self.rollout_workers, int) or self.rollout_workers < 1:
@@ -300,7 +306,7 @@ class TrainConfig:
         try:
             ray_section(self.ray, "ray.")
         except RayConfigError as exc:
-            self._fail("ray", f"{str(exc).rstrip('.?')}. Fix: see docs/ray.md for the keys and their values")
+            self._fail("ray", f"{exc} (docs/ray.md lists the keys and their values)")
         if url is None:
             if self.rollout_engine != "local":
                 self._fail("rollout_engine", "the seam plays endpoint rollouts only; set policy_base_url (the server "

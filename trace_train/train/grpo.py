@@ -268,7 +268,7 @@ class GroupRollouts:
         make = functools.partial(OpenAIChatAgent, cfg.policy_name, base_url=cfg.policy_base_url,
                                  temperature=cfg.temperature, top_p=top_p if top_p < 1.0 else None,
                                  max_tokens=cfg.max_turn_tokens, concurrency=concurrency,
-                                 timeout=ENDPOINT_TIMEOUT_S)
+                                 timeout=ENDPOINT_TIMEOUT_S, extra_body=dict(cfg.policy_extra_body))
         return EndpointPolicy(make=make, engine=cfg.rollout_engine, workers=cfg.rollout_workers, ray=ray)
 
     def _seed_batches(self, groups: list[tuple[str, int, int]]):
