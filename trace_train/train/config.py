@@ -299,7 +299,8 @@ class TrainConfig:
             self._fail("policy_extra_body", "give a mapping of request fields, e.g. {top_k: 50}")
         if self.rollout_engine not in ENGINES:
             self._fail("rollout_engine", f"choose one of {', '.join(ENGINES)}")
-        if isinstance(self.rollout_workers, bool) or not isinstance(self.rollout_workers, int) or self.rollout_workers < 1:
+        workers = self.rollout_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             self._fail("rollout_workers", "use a positive integer (1 = the trainer's process)")
         if not isinstance(self.ray, dict):
             self._fail("ray", "give a mapping of a run config's ray: keys, e.g. {address: auto, num_actors: 8}")

@@ -24,7 +24,20 @@ as ``completion_ids`` with ``env_mask`` 0 on tool results and user replies (they
 the loop is what lets us re-collect groups whose rewards are all equal (dynamic sampling), give a share
 of a group a hint while it generates (hint mode, off-policy), and time generation apart from the env.
 ``rollout: trl`` instead hands TRL an ``environment_factory`` (:mod:`trace_envs.adapters.trl`), TRL's own
-tool loop, which is the path that works with ``use_vllm``.
+tool loop, which is the path that works with ``use_vllm`` in colocate mode.
+
+Endpoint rollouts (``policy_base_url``; docs/train.md, docs/ray.md): the same rollout function, but the episodes are
+played by an :class:`~trace_train.agents.OpenAIChatAgent` on the server of the policy, through the rollout seam
+(:func:`trace_train.backends.run_jobs`: one :class:`~trace_train.backends.RolloutJob` per env and batch of distinct
+seeds, on local worker processes or Ray actors), so that slow envs (SWE localization) scale out while the trainer
+stays on its GPUs. The records come back, are grouped by seed and re-tokenised exactly as in-process ones. On the
+weights: TRL 1.16's ``GRPOTrainer._generate``, with a ``rollout_func`` and ``use_vllm``, calls
+``vllm_generation.sync_weights()`` before the rollout function whenever the optimizer step changed since the last
+sync (once per step; in server mode over the NCCL communicator it opened at start-up, a PEFT adapter merged for the
+push, then the server's prefix cache reset), and ``trl vllm-serve`` is ``vllm serve`` with TRL's weight transfer, whose
+``/v1`` is the endpoint: with ``use_vllm`` + ``vllm_mode: server`` the episodes are on-policy. TRACE passes the server's
+root as ``vllm_server_base_url`` and turns ``vllm_importance_sampling_correction`` off (text replies carry no
+sampling log-probs). Without ``use_vllm`` nothing syncs the server (a warning says so).
 
 The history is re-tokenised from the transcript (as ``HFAgent`` renders the next prompt) rather than kept
 as the sampled token ids, so the gradient is on the canonical tokens of the text the model wrote; a
@@ -228,7 +241,9 @@ class GroupRollouts:
     Called by TRL once per generation batch with the batch's prompts; the rows (seed, environment) come
     from :class:`TraceGRPOTrainer`. TRL's sampler puts the ``group_size`` copies of a row next to each
     other; the group's episodes all reset with that row's seed. ``last`` holds the statistics of the last
-    call (episodes, informative share before resampling, seconds of generation and env).
+    call (episodes, informative share before resampling, seconds of generation and env). With
+    ``policy_base_url`` the policy is an :class:`EndpointPolicy` and the episodes are played through the rollout
+    seam (:meth:`_play_jobs`); ``generation_s`` is then the agents' time summed over the workers or actors.
     """
 
     def __init__(self, cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> None:
@@ -334,7 +349,8 @@ class GroupRollouts:
             for env_id, n, batch in self._seed_batches(groups):
                 hinted = int(cfg.hint_share * n)
                 seeds = [groups[i][1] for i in batch]
-                for make, samples in ((policy.make, n - hinted), (_Hinted(policy.make, self.hints.get(env_id, "")), hinted)):
+                hint = self.hints.get(env_id, "")
+                for make, samples in ((policy.make, n - hinted), (_Hinted(policy.make, hint), hinted)):
                     if samples < 1:
                         continue
                     jobs.append(RolloutJob(key=f"grpo:{env_id}", make=make, targets=[env_id], seeds=seeds,
