@@ -8,7 +8,8 @@ serving the same nano model (the session's server, ``conftest.transformers_serve
   Ray cluster. The trainer's process is forbidden to build an endpoint agent, so the episodes ran elsewhere;
 * every member of a group is reset with the group's seed (its records, and identical prompts in the tokens TRL
   gets), hint mode and dynamic sampling go on working, and the train log has its rows;
-* a bad endpoint config fails before training: no server at the URL, an engine or Ray setting that does not exist.
+* a bad endpoint config fails before training: no server at the URL, an engine or Ray setting that does not exist;
+  a server that stops answering mid-run stops training instead of handing TRL episodes the policy never played.
 
 Nothing syncs ``transformers serve`` with the trained weights (on GPUs, TRL's vLLM server mode does): the test is
 about where the episodes run and what comes back, not about learning.
@@ -136,6 +137,24 @@ def test_a_bad_endpoint_config_fails_before_training(tmp_path):
         TrainConfig(env_ids=[ENV], model="m", output_dir=str(tmp_path), rollout_engine="ray")
     with pytest.raises(ConfigError, match=r"vllm_mode: server"):
         _config("m", url, tmp_path, use_vllm=True, vllm_mode="colocate")
+
+
+def test_a_policy_server_that_stops_answering_stops_training(tmp_path):
+    """The server is gone after the check (killed mid-run): every turn is an agent error, and the rollout function
+    refuses to hand TRL a step of episodes the policy never played (here on the local backend, in this process)."""
+    from types import SimpleNamespace
+
+    from conftest import free_port
+
+    from trace_train.train.grpo import GroupRollouts, env_kwargs_for
+
+    cfg = _config("unused", f"http://127.0.0.1:{free_port()}/v1", tmp_path, hint_share=0.0, resample_attempts=0)
+    rollouts = GroupRollouts(cfg, {ENV: env_kwargs_for(cfg, ENV)}, "cpu")
+    rows = [{"seed": s, "environment": ENV} for s in (1_000_000, 1_000_001) for _ in range(GROUP)]
+    trainer = SimpleNamespace(_trace_rows=rows, args=SimpleNamespace(top_p=1.0), state=SimpleNamespace(global_step=0),
+                              model=SimpleNamespace(training=True))
+    with pytest.raises(RuntimeError, match="every request of the step's 4 episodes to the policy server at"):
+        rollouts(rows, trainer)
 
 
 @pytest.fixture(scope="module")
