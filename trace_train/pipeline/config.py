@@ -184,6 +184,15 @@ class RaySection:
         _at_least("ray.max_container_starts", self.max_container_starts, 1)
 
 
+def ray_section(data: Any, prefix: str = "ray.") -> RaySection:
+    """A validated :class:`RaySection` from a mapping of its keys: a run config's ``ray:`` section, or
+    ``TrainConfig.ray`` (GRPO's endpoint rollouts on Ray). An unknown key, a wrong type or a bad value raises
+    :class:`ConfigError` naming the key, as at load time."""
+    section = _build(RaySection, data, prefix)
+    section.validate()
+    return section
+
+
 def check_ray_address(key: str, address: Any) -> None:
     """An address Ray can connect to: null, ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``; anything else names
     the value and the forms."""

@@ -138,8 +138,35 @@ class TrainConfig:
                               "(trace_train.train.prefix_logprobs: TRL's values with less compute); 'trl' TRL's padded "
                               "forward over every episode; 'auto' shared_prefix wherever decode resolves to fast",
                               default="auto")
-    use_vllm: bool = _help("generate with vLLM (GPU only; needs rollout='trl' and `pip install vllm`)", default=False)
+    use_vllm: bool = _help("generate with vLLM (GPU only; `pip install vllm`): with rollout='trl' TRL's own tool loop "
+                           "generates on it; with policy_base_url (vllm_mode: server) TRL keeps the server's weights "
+                           "in sync with the trained ones and TRACE's endpoint rollouts generate on it",
+                           default=False)
     vllm_mode: str = _help("colocate (one GPU) or server (`trl vllm-serve` on other GPUs)", default="colocate")
+
+    # ------------------------------------------------------------------ endpoint policy (rollout='trace')
+    policy_base_url: str | None = _help(
+        "an OpenAI-compatible base URL (…/v1) of the server that serves the policy being trained; when set, each "
+        "step's episodes are played by an endpoint agent through the rollout seam (rollout_engine: local processes "
+        "or Ray actors) instead of HFAgent in the trainer's process, and their text is re-tokenised for the loss as "
+        "usual. On GPUs: the vLLM server of use_vllm + vllm_mode: server (`trl vllm-serve`), which TRL syncs with "
+        "the trained weights before each step's rollout_func call; without use_vllm nothing syncs it (the server's "
+        "own weights play: off-policy, e.g. `transformers serve` in tests)", default=None)
+    policy_model: str | None = _help("the model name the policy server serves (policy_base_url; default: model)",
+                                     default=None)
+    policy_extra_body: dict = _help("extra JSON fields of every request to the policy server (policy_base_url), e.g. "
+                                    "vLLM's {top_k: 50} or {chat_template_kwargs: {enable_thinking: false}}; "
+                                    "`transformers serve` samples only with {generation_config: '{\"do_sample\": "
+                                    "true}'} when the model's generation config is greedy", default_factory=dict)
+    rollout_engine: str = _help("where endpoint rollouts (policy_base_url) run: 'local' (the trainer's process, or "
+                                "rollout_workers processes of this machine) or 'ray' (actors of a Ray cluster; the ray "
+                                "settings); the trainer stays on its GPUs either way", default="local")
+    rollout_workers: int = _help("rollout_engine 'local': worker processes for the endpoint rollouts (1 = the "
+                                 "trainer's process)", default=1)
+    ray: dict = _help("rollout_engine 'ray': the Ray cluster, with the keys of a run config's ray: section (address, "
+                      "num_actors, env_cpus, max_concurrent_per_actor, max_container_starts; docs/ray.md)",
+                      default_factory=dict)
+
     save_steps: int = _help("checkpoint every N steps (adapter, optimizer, scheduler, RNG and step count)", default=10)
     save_total_limit: int | None = _help("keep at most this many checkpoints (None: all)", default=None)
     resume: bool = _help("resume from the latest checkpoint in output_dir/checkpoints", default=False)
@@ -244,8 +271,11 @@ class TrainConfig:
             self._fail("rollout", f"choose one of {', '.join(ROLLOUTS)}")
         if self.vllm_mode not in VLLM_MODES:
             self._fail("vllm_mode", f"choose one of {', '.join(VLLM_MODES)}")
-        if self.use_vllm and self.rollout != "trl":
-            self._fail("use_vllm", "vLLM generation goes through TRL's own tool loop: set rollout: trl as well")
+        self._validate_endpoint()
+        if self.use_vllm and self.rollout != "trl" and self.policy_base_url is None:
+            self._fail("use_vllm", "vLLM generation goes through TRL's own tool loop (rollout: trl), or through TRACE's "
+                                   "endpoint rollouts on a vLLM server (policy_base_url with vllm_mode: server): set "
+                                   "one of them as well")
         if self.use_vllm and self.device == "cpu":
             self._fail("use_vllm", "vLLM needs a CUDA GPU; set device: cuda, or use_vllm: false on a CPU")
         if self.rollout == "trl" and (self.resample_attempts or self.hint_share):
@@ -253,6 +283,48 @@ class TrainConfig:
             self._fail(name, "dynamic sampling and hints need TRACE's rollout loop: set rollout: trace, or 0 here")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             self._fail("save_total_limit", "use a positive integer or None")
+
+    def _validate_endpoint(self) -> None:
+        """The endpoint policy's fields (policy_base_url, policy_model, rollout_engine, rollout_workers, ray)."""
+        from trace_train.backends import ENGINES
+        from trace_train.pipeline.config import ConfigError as RayConfigError, ray_section
+
+        url = self.policy_base_url
+        if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+            self._fail("policy_base_url", "give the OpenAI-compatible base URL of the server that serves the policy, "
+                                          "e.g. http://127.0.0.1:8000/v1 (or null for HFAgent in this process)")
+        if self.policy_model is not None and (not isinstance(self.policy_model, str) or not self.policy_model):
+            self._fail("policy_model", "give the name the server serves the model under, or null for model")
+        if not isinstance(self.policy_extra_body, dict):
+            self._fail("policy_extra_body", "give a mapping of request fields, e.g. {top_k: 50}")
+        if self.rollout_engine not in ENGINES:
+            self._fail("rollout_engine", f"choose one of {', '.join(ENGINES)}")
+        workers = self.rollout_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            self._fail("rollout_workers", "use a positive integer (1 = the trainer's process)")
+        if not isinstance(self.ray, dict):
+            self._fail("ray", "give a mapping of a run config's ray: keys, e.g. {address: auto, num_actors: 8}")
+        try:
+            ray_section(self.ray, "ray.")
+        except RayConfigError as exc:
+            self._fail("ray", f"{exc} (docs/ray.md lists the keys and their values)")
+        if url is None:
+            if self.rollout_engine != "local":
+                self._fail("rollout_engine", "the seam plays endpoint rollouts only; set policy_base_url (the server "
+                                             "of the policy being trained), or rollout_engine: local")
+            if self.rollout_workers != 1:
+                self._fail("rollout_workers", "worker processes play endpoint rollouts only; set policy_base_url, or "
+                                              "rollout_workers: 1")
+            return
+        if self.rollout != "trace":
+            self._fail("policy_base_url", "endpoint rollouts are TRACE's rollout loop: set rollout: trace (rollout: "
+                                          "trl generates through TRL's own loop)")
+        if self.use_vllm and self.vllm_mode != "server":
+            self._fail("vllm_mode", "a colocated vLLM engine has no endpoint for the rollouts; use vllm_mode: server "
+                                    "with policy_base_url on that server, or drop policy_base_url")
+        if self.trl_args.get("vllm_importance_sampling_correction"):
+            self._fail("trl_args", "vllm_importance_sampling_correction needs the sampling log-probs, and endpoint "
+                                   "rollouts come back as text (re-tokenised for the loss): leave it out")
 
     # ------------------------------------------------------------------ derived values
 
@@ -313,7 +385,52 @@ class TrainConfig:
         preset = {"bf16": True, "gradient_checkpointing": True}
         if self.use_vllm:
             preset.update(use_vllm=True, vllm_mode=self.vllm_mode)
+            if self.policy_base_url is not None:
+                # TRL syncs the trained weights into the server the episodes are played on (its root URL: TRL's
+                # client adds /v1 itself), and there are no sampling log-probs to correct with (text replies).
+                preset.update(vllm_server_base_url=self.policy_server_root(),
+                              vllm_importance_sampling_correction=False)
         return preset
+
+    @property
+    def policy_name(self) -> str:
+        """The model name sent to the policy server (``policy_model``, else ``model``)."""
+        return self.policy_model or self.model
+
+    def policy_server_root(self) -> str:
+        """``policy_base_url`` without its ``/v1`` (the root TRL's vLLM client takes)."""
+        url = (self.policy_base_url or "").rstrip("/")
+        return url[:-3] if url.endswith("/v1") else url
+
+    def check_policy_endpoint(self, timeout: float = 10.0) -> None:
+        """With ``policy_base_url``: an OpenAI-compatible server answers there (its ``/models``), checked before any
+        model loads; raises :class:`ConfigError` with the fix otherwise."""
+        if self.policy_base_url is None:
+            return
+        import json
+        import urllib.error
+        import urllib.request
+
+        url = self.policy_base_url.rstrip("/") + "/models"
+        start = ("start the server of the policy first (on GPUs `trl vllm-serve --model MODEL` with use_vllm: true and "
+                 "vllm_mode: server; on a CPU `transformers serve`), or set policy_base_url: null to play the episodes "
+                 "with HFAgent in this process")
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as reply:
+                body = json.loads(reply.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raise ConfigError(f"TrainConfig.policy_base_url = {self.policy_base_url!r}: the server there answers "
+                              f"GET /models with HTTP {exc.code}, so it is not an OpenAI-compatible base URL. Fix: "
+                              "give the URL that ends in /v1, e.g. http://127.0.0.1:8000/v1") from None
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConfigError(f"TrainConfig.policy_base_url = {self.policy_base_url!r}: no OpenAI-compatible server "
+                              f"answers there ({reason}). Fix: {start}") from None
+        served = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
+        if self.use_vllm and served and self.policy_name not in served:
+            raise ConfigError(f"TrainConfig.policy_model: the server at {self.policy_base_url} serves "
+                              f"{', '.join(map(str, served))}, not {self.policy_name!r}. Fix: set policy_model to the "
+                              "served name")
 
     def grpo_kwargs(self, device: str) -> dict:
         """``trl.GRPOConfig`` arguments (the preset, the GRPO fields, then ``trl_args`` on top)."""

@@ -24,7 +24,20 @@ as ``completion_ids`` with ``env_mask`` 0 on tool results and user replies (they
 the loop is what lets us re-collect groups whose rewards are all equal (dynamic sampling), give a share
 of a group a hint while it generates (hint mode, off-policy), and time generation apart from the env.
 ``rollout: trl`` instead hands TRL an ``environment_factory`` (:mod:`trace_envs.adapters.trl`), TRL's own
-tool loop, which is the path that works with ``use_vllm``.
+tool loop, which is the path that works with ``use_vllm`` in colocate mode.
+
+Endpoint rollouts (``policy_base_url``; docs/train.md, docs/ray.md): the same rollout function, but the episodes are
+played by an :class:`~trace_train.agents.OpenAIChatAgent` on the server of the policy, through the rollout seam
+(:func:`trace_train.backends.run_jobs`: one :class:`~trace_train.backends.RolloutJob` per env and batch of distinct
+seeds, on local worker processes or Ray actors), so that slow envs (SWE localization) scale out while the trainer
+stays on its GPUs. The records come back, are grouped by seed and re-tokenised exactly as in-process ones. On the
+weights: TRL 1.16's ``GRPOTrainer._generate``, with a ``rollout_func`` and ``use_vllm``, calls
+``vllm_generation.sync_weights()`` before the rollout function whenever the optimizer step changed since the last
+sync (once per step; in server mode over the NCCL communicator it opened at start-up, a PEFT adapter merged for the
+push, then the server's prefix cache reset), and ``trl vllm-serve`` is ``vllm serve`` with TRL's weight transfer, whose
+``/v1`` is the endpoint: with ``use_vllm`` + ``vllm_mode: server`` the episodes are on-policy. TRACE passes the server's
+root as ``vllm_server_base_url`` and turns ``vllm_importance_sampling_correction`` off (text replies carry no
+sampling log-probs). Without ``use_vllm`` nothing syncs the server (a warning says so).
 
 The history is re-tokenised from the transcript (as ``HFAgent`` renders the next prompt) rather than kept
 as the sampled token ids, so the gradient is on the canonical tokens of the text the model wrote; a
@@ -53,6 +66,9 @@ from .calibration import calibrate
 from .config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
+
+#: Seconds per request of an endpoint policy (policy_base_url): a long turn of a large model on a busy server.
+ENDPOINT_TIMEOUT_S = 300.0
 
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
@@ -187,6 +203,33 @@ class _HintedAgent:
     def __call__(self, observation: str, info: dict):
         return self.act_batch([observation], [info])[0]
 
+    def close(self) -> None:
+        close = getattr(self.agent, "close", None)
+        if callable(close):
+            close()
+
+
+class _Hinted:
+    """A picklable agent factory: the agent of ``make`` in hint mode (built where the episodes run)."""
+
+    def __init__(self, make: Any, hint: str) -> None:
+        self.make, self.hint = make, hint
+
+    def __call__(self) -> _HintedAgent:
+        return _HintedAgent(self.make(), self.hint)
+
+
+@dataclass
+class EndpointPolicy:
+    """The policy of a step when ``policy_base_url`` is set: not an agent, but how to build one where the episodes
+    run (``make``, a picklable factory of :class:`~trace_train.agents.OpenAIChatAgent`) and where that is
+    (``engine``, ``workers``, ``ray``), for :func:`trace_train.backends.run_jobs`."""
+
+    make: Any
+    engine: str
+    workers: int = 1
+    ray: Any = None
+
 
 def _flat(rewards: Sequence[float]) -> bool:
     return max(rewards) - min(rewards) < 1e-9
@@ -198,7 +241,9 @@ class GroupRollouts:
     Called by TRL once per generation batch with the batch's prompts; the rows (seed, environment) come
     from :class:`TraceGRPOTrainer`. TRL's sampler puts the ``group_size`` copies of a row next to each
     other; the group's episodes all reset with that row's seed. ``last`` holds the statistics of the last
-    call (episodes, informative share before resampling, seconds of generation and env).
+    call (episodes, informative share before resampling, seconds of generation and env). With
+    ``policy_base_url`` the policy is an :class:`EndpointPolicy` and the episodes are played through the rollout
+    seam (:meth:`_play_jobs`); ``generation_s`` is then the agents' time summed over the workers or actors.
     """
 
     def __init__(self, cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> None:
@@ -208,47 +253,129 @@ class GroupRollouts:
         self.last: dict = {}
 
     def _agent(self, trainer):
+        top_p = getattr(trainer.args, "top_p", 1.0) or 1.0
+        if self.cfg.policy_base_url is not None:
+            return self._endpoint_policy(top_p)
         from ..agents import HFAgent
 
         model = trainer.accelerator.unwrap_model(trainer.model)
-        top_p = getattr(trainer.args, "top_p", 1.0) or 1.0
         # threads/seed None: the run set the threads, and sampling follows the trainer's (checkpointed) RNG.
         return HFAgent(model, tokenizer=trainer.processing_class, threads=None, device=self.device,
                        max_new_tokens=self.cfg.max_turn_tokens, temperature=self.cfg.temperature, top_p=top_p,
                        max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
                        name="grpo-policy", decode=self.cfg.decode)
 
-    def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
-        """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
-        group's members play with the hint."""
-        from ..rollouts import run_rollouts
+    def _endpoint_policy(self, top_p: float) -> EndpointPolicy:
+        """How the step's episodes are played with ``policy_base_url``: an :class:`~trace_train.agents.OpenAIChatAgent`
+        on the policy server, built where they run (the sampling settings are the ones HFAgent would use)."""
+        import functools
 
-        results: list[list[dict]] = [[] for _ in groups]
+        from ..agents import OpenAIChatAgent
+
+        cfg = self.cfg
+        ray = None
+        if cfg.rollout_engine == "ray":
+            from ..pipeline.config import ray_section
+
+            ray = ray_section(cfg.ray)
+        # Requests in flight per agent: an actor's batch on Ray, a whole step's episodes locally.
+        concurrency = ray.max_concurrent_per_actor if ray is not None else max(1, cfg.batch_rollouts)
+        make = functools.partial(OpenAIChatAgent, cfg.policy_name, base_url=cfg.policy_base_url,
+                                 temperature=cfg.temperature, top_p=top_p if top_p < 1.0 else None,
+                                 max_tokens=cfg.max_turn_tokens, concurrency=concurrency,
+                                 timeout=ENDPOINT_TIMEOUT_S, extra_body=dict(cfg.policy_extra_body))
+        return EndpointPolicy(make=make, engine=cfg.rollout_engine, workers=cfg.rollout_workers, ray=ray)
+
+    def _seed_batches(self, groups: list[tuple[str, int, int]]):
+        """``(env id, members, indices of groups)`` of ``groups``: per env and group size, sets of groups with distinct
+        seeds (a seed drawn twice is played twice, in two batches)."""
         for env_id in dict.fromkeys(e for e, _, _ in groups):
             for n in sorted({m for e, _, m in groups if e == env_id}):
-                hinted = int(self.cfg.hint_share * n)
-                plays = [(agent, n - hinted)] + ([(_HintedAgent(agent, self.hints[env_id]), hinted)] if hinted else [])
                 pending = [i for i, (e, _, m) in enumerate(groups) if e == env_id and m == n]
-                while pending:  # one call per set of distinct seeds: a seed drawn twice is played twice
+                while pending:
                     batch, seen = [], set()
                     for i in pending:
                         if groups[i][1] not in seen:
                             batch.append(i)
                             seen.add(groups[i][1])
                     pending = [i for i in pending if i not in batch]
-                    seeds = [groups[i][1] for i in batch]
-                    for who, samples in plays:
-                        if samples < 1:
-                            continue
-                        summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
-                                               in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
-                                               progress=False, keep_records=True,
-                                               max_steps=self.cfg.max_tool_calling_iterations)
-                        by_seed: dict[int, list[dict]] = {}
-                        for record in sorted(summary.records, key=lambda r: (r["seed"], r["sample"])):
-                            by_seed.setdefault(int(record["seed"]), []).append(record)
-                        for i in batch:
-                            results[i].extend(by_seed[groups[i][1]])
+                    yield env_id, n, batch
+
+    @staticmethod
+    def _by_seed(records: list[dict]) -> dict[int, list[dict]]:
+        by_seed: dict[int, list[dict]] = {}
+        for record in sorted(records, key=lambda r: (r["seed"], r["sample"])):
+            by_seed.setdefault(int(record["seed"]), []).append(record)
+        return by_seed
+
+    def _play(self, agent, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
+        """The episodes of ``groups`` ((env id, seed, members) each), in group order; ``hint_share`` of each
+        group's members play with the hint. An :class:`EndpointPolicy` plays them through the rollout seam
+        (:meth:`_play_jobs`); an agent, in this process."""
+        if isinstance(agent, EndpointPolicy):
+            return self._play_jobs(agent, groups)
+        from ..rollouts import run_rollouts
+
+        results: list[list[dict]] = [[] for _ in groups]
+        for env_id, n, batch in self._seed_batches(groups):
+            hinted = int(self.cfg.hint_share * n)
+            plays = [(agent, n - hinted)] + ([(_HintedAgent(agent, self.hints[env_id]), hinted)] if hinted else [])
+            seeds = [groups[i][1] for i in batch]
+            for who, samples in plays:
+                if samples < 1:
+                    continue
+                summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
+                                       in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
+                                       progress=False, keep_records=True,
+                                       max_steps=self.cfg.max_tool_calling_iterations)
+                by_seed = self._by_seed(summary.records)
+                for i in batch:
+                    results[i].extend(by_seed[groups[i][1]])
+        return results
+
+    def _play_jobs(self, policy: EndpointPolicy, groups: list[tuple[str, int, int]]) -> list[list[dict]]:
+        """The episodes of ``groups`` played by the endpoint agent through :func:`trace_train.backends.run_jobs`: one
+        :class:`~trace_train.backends.RolloutJob` per (env, seed batch), and one more for the batch's hinted members,
+        on ``policy.engine`` (local processes or Ray actors); grouped as :meth:`_play` groups them."""
+        import tempfile
+
+        from ..backends import RolloutJob, run_jobs
+        from ..rollouts import read_trajectories
+
+        cfg = self.cfg
+        results: list[list[dict]] = [[] for _ in groups]
+        with tempfile.TemporaryDirectory(prefix="trace-grpo-rollouts-") as tmp:
+            jobs, batches = [], []
+            for env_id, n, batch in self._seed_batches(groups):
+                hinted = int(cfg.hint_share * n)
+                seeds = [groups[i][1] for i in batch]
+                hint = self.hints.get(env_id, "")
+                for make, samples in ((policy.make, n - hinted), (_Hinted(policy.make, hint), hinted)):
+                    if samples < 1:
+                        continue
+                    jobs.append(RolloutJob(key=f"grpo:{env_id}", make=make, targets=[env_id], seeds=seeds,
+                                           out=Path(tmp) / f"job{len(jobs)}.jsonl", samples=samples,
+                                           in_flight=len(seeds) * samples, env_kwargs={env_id: self.env_kwargs[env_id]},
+                                           max_steps=cfg.max_tool_calling_iterations, registries=list(cfg.registry),
+                                           progress=False))
+                    batches.append(batch)
+            run_jobs(jobs, policy.engine, workers=policy.workers, ray=policy.ray)
+            played = []
+            for job, batch in zip(jobs, batches):
+                records = read_trajectories(job.out)
+                played.extend(records)
+                by_seed = self._by_seed(records)
+                for i in batch:
+                    got = by_seed.get(groups[i][1], [])
+                    if len(got) != job.samples:
+                        raise RuntimeError(f"the {policy.engine} rollout backend returned {len(got)} episodes of "
+                                           f"{groups[i][0]} seed {groups[i][1]}, not {job.samples}")
+                    results[i].extend(got)
+        failed = [r for r in played if r.get("steps") and r.get("agent_errors", 0) >= r["steps"]]
+        if played and len(failed) == len(played):
+            raise RuntimeError(f"every request of the step's {len(played)} episodes to the policy server at "
+                               f"{cfg.policy_base_url} failed (model {cfg.policy_name!r}); is it still up? The "
+                               "episodes are not trained on")
         return results
 
     def _resample_seed(self, step: int, group: int, attempt: int) -> int:
@@ -574,6 +701,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     device = cfg.check_device()
     cfg.check_trl_args()
     _load_envs(cfg)
+    _check_policy_endpoint(cfg)
     if not Path(cfg.model).is_dir() and not _in_hf_cache(cfg.model):
         raise ConfigError(f"TrainConfig.model = {cfg.model!r} is neither a folder nor a model in the local Hugging "
                           "Face cache (the hub is offline). Fix: pass the folder `trace model bootstrap` printed")
@@ -654,6 +782,27 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
     (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
+
+
+def _check_policy_endpoint(cfg: TrainConfig) -> None:
+    """With ``policy_base_url``: the server answers, and the Ray cluster of ``rollout_engine: ray`` too, before any
+    model loads; a server that nothing syncs with the trained weights is said once."""
+    if cfg.policy_base_url is None or cfg.sft:
+        return
+    cfg.check_policy_endpoint()
+    if cfg.rollout_engine == "ray":
+        from ..backends.ray_backend import RayBackendError, connect
+        from ..pipeline.config import ray_section
+
+        try:
+            connect(ray_section(cfg.ray).address)
+        except RayBackendError as exc:
+            raise ConfigError(f"TrainConfig.ray: {exc}") from None
+    if not cfg.use_vllm:
+        logger.warning("policy_base_url %s is not synced with the weights being trained (use_vllm is off): the "
+                       "episodes come from whatever that server serves, i.e. off-policy after the first step. On GPUs "
+                       "set use_vllm: true and vllm_mode: server, so that TRL pushes the weights to it every step",
+                       cfg.policy_base_url)
 
 
 def _shared_prefix_loss(cfg: TrainConfig, model, device: str) -> bool:
