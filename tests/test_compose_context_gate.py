@@ -32,6 +32,8 @@ def setup(tmp_path_factory):
 def model(setup):
     base, adapters, _ = setup
     m = ComposedModel.build(base, adapters, gate_input="context")
+    m.fit_context_centers([tokens(base, batch=1, seq=50, seed=s)[0].tolist() for s in range(20, 24)])
+    assert m.context_centers.abs().sum() > 0
     scramble_gates(m, scale=8.0)
     return m
 
@@ -124,6 +126,7 @@ def test_the_folder_keeps_the_gate_input_and_agents_read_whole_sequences(setup, 
     model.save_pretrained(tmp_path / "moe")
     loaded = ComposedModel.from_pretrained(tmp_path / "moe")
     assert loaded.gate_input == "context" and loaded.stateful_routing
+    assert torch.equal(loaded.context_centers, model.context_centers)
     ids = tokens(base, batch=2, seq=20, seed=13)
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-5)
@@ -135,3 +138,23 @@ def test_the_folder_keeps_the_gate_input_and_agents_read_whole_sequences(setup, 
     assert agent.decode == "hf" and agent.prefix_cache is False
     with pytest.raises(ComposeError, match="gate_input"):
         ComposedModel.build(base, setup[1], gate_input="pooled")
+
+
+def test_the_centre_is_the_mean_context_of_the_data_and_router_training_fits_it(setup):
+    base, adapters, _ = setup
+    from trace_train.compose.data import EncodedTrajectory
+    from trace_train.compose.train import RouterTrainConfig, train_router
+
+    m = ComposedModel.build(base, adapters, gate_input="context")
+    seqs = [tokens(base, batch=1, seq=30 + 5 * s, seed=40 + s)[0].tolist() for s in range(3)]
+    m.capture_context = True
+    raw = []
+    with torch.no_grad():
+        for ids in seqs:  # the normalised running mean, as each block reads it before centring
+            m(input_ids=torch.tensor([ids]))
+            raw.append([r.raw_context[0] for r in m.routers])
+    m.capture_context = False
+    expected = torch.stack([torch.cat([r[b] for r in raw]).mean(0) for b in range(len(m.routers))])
+    episodes = [EncodedTrajectory(ids, [True] * len(ids), ["assistant"] * len(ids), "e", 1, 1) for ids in seqs]
+    train_router(m, episodes, RouterTrainConfig(epochs=1, lr=1e-3), progress=False)
+    assert torch.allclose(m.context_centers, expected, atol=1e-5)

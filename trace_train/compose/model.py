@@ -101,6 +101,7 @@ class BlockRouter:
         self.choice: torch.Tensor | None = None  # (B, T) top-1 slot, kept while owner.keep_choices
         # Context gates: running (sum of normalised inputs, count, length) of each row of the sequence in progress.
         self.context_state: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        self.raw_context: torch.Tensor | None = None  # the uncentred context, kept while owner.capture_context
 
     def context(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         """The causal mean of the normalised block inputs up to each token (``x``: (B, T, hidden), normalised).
@@ -128,8 +129,13 @@ class BlockRouter:
         sums = torch.cumsum(x * weight.unsqueeze(-1), dim=1) + total.unsqueeze(1)
         counts = torch.cumsum(weight, dim=1) + count.unsqueeze(1)
         self.context_state = (sums[:, -1].detach(), counts[:, -1].detach(), past + seq)
-        mean = sums / counts.clamp(min=1.0).unsqueeze(-1)
-        return mean * torch.rsqrt(mean.pow(2).mean(-1, keepdim=True) + 1e-6)
+        # Centred on the mean context of the router's training data (ComposedModel.fit_context_centers): the means
+        # of conversations that share a long system prompt differ little, and a gate learns the difference within
+        # a few dozen steps only once the shared part is taken out (measured: docs/compose.md).
+        mean = _rms(sums / counts.clamp(min=1.0).unsqueeze(-1))
+        if self.owner.capture_context:
+            self.raw_context = mean.detach()
+        return _rms(mean - self.owner.context_centers[self.index].to(x.dtype))
 
     def route(self, hidden: torch.Tensor, cache: Any = None) -> None:
         owner = self.owner
@@ -147,8 +153,7 @@ class BlockRouter:
         # The gate reads the block's input RMS-normalised (no parameters): the residual stream's scale
         # grows with depth and differs between models, and a scale-free input gives every block's gate
         # the same effective learning rate.
-        x = hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        x = _rms(hidden.float())
         if owner.gate_input == "context":
             x = torch.cat([x, self.context(x, cache)], dim=-1)
         logits = self.gate(x.to(self.gate.weight.dtype))
@@ -158,6 +163,11 @@ class BlockRouter:
         if owner.keep_choices:
             self.choice = slots[:, 0].view(batch, seq).detach()
         self.dispatch = _dispatch(slots, weights, owner.num_experts, owner.small_step_tokens)
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    """``x`` scaled to unit root-mean-square over its last dimension (no parameters)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 def _past_length(cache: Any, index: int) -> int:
@@ -347,6 +357,7 @@ class ComposedModel(nn.Module):
         self.keep_choices = False
         self.small_step_tokens = 16
         self.token_mask: torch.Tensor | None = None  # the attention mask of the forward/generate in progress
+        self.capture_context = False  # keep each block's uncentred context (fit_context_centers)
         for p in model.parameters():
             p.requires_grad_(False)
         blocks = _decoder_layers(model)
@@ -356,6 +367,8 @@ class ComposedModel(nn.Module):
         self.gates = nn.ModuleList(nn.Linear(width, self.num_experts + 1, bias=True, dtype=dtype)
                                    for _ in blocks)
         self.reset_gates(spec.base_bias)
+        # Context gates: per block, the mean context of the router's training data (zeros until fitted).
+        self.register_buffer("context_centers", torch.zeros(len(blocks), hidden, dtype=torch.float32))
         self.routers = [BlockRouter(g, i, self) for i, g in enumerate(self.gates)]
         self._hooks = []
         for i, block in enumerate(blocks):
@@ -416,8 +429,11 @@ class ComposedModel(nn.Module):
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({f"gates.{i}.{k}": v.detach().cpu().contiguous() for i, g in enumerate(self.gates)
-                   for k, v in g.state_dict().items()}, str(out / GATES_FILE))
+        tensors = {f"gates.{i}.{k}": v.detach().cpu().contiguous() for i, g in enumerate(self.gates)
+                   for k, v in g.state_dict().items()}
+        if self.gate_input == "context":
+            tensors["context_centers"] = self.context_centers.detach().cpu().contiguous()
+        save_file(tensors, str(out / GATES_FILE))
         spec = self.spec.as_json()
         spec["top_k"] = self.top_k
         spec["gate_parameters"] = self.gate_parameter_count()
@@ -473,6 +489,8 @@ class ComposedModel(nn.Module):
         model.routing = routing or raw.get("routing", "token")
         state = load_file(str(path / GATES_FILE))
         expected = {f"gates.{i}.{k}" for i, g in enumerate(model.gates) for k in g.state_dict()}
+        if model.gate_input == "context":
+            expected.add("context_centers")
         if set(state) != expected:
             raise ComposeError(f"{path / GATES_FILE} holds gates for another model ({len(state)} tensors, "
                                f"{len(expected)} expected)")
@@ -480,6 +498,8 @@ class ComposedModel(nn.Module):
             for i, g in enumerate(model.gates):
                 g.weight.copy_(state[f"gates.{i}.weight"])
                 g.bias.copy_(state[f"gates.{i}.bias"])
+            if "context_centers" in state:
+                model.context_centers.copy_(state["context_centers"])
         model.config._name_or_path = str(path)
         return model
 
@@ -559,6 +579,34 @@ class ComposedModel(nn.Module):
                 g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * std)
                 g.bias.zero_()
                 g.bias[0] = base_bias
+
+    @torch.no_grad()
+    def fit_context_centers(self, sequences: Iterable[Iterable[int]]) -> None:
+        """Set each block's context centre to the mean of its running-mean context over every token of
+        ``sequences`` (token id lists: the router's training episodes), read with the gates as they are.
+        A statistic of the data, not a trained parameter; a no-op for token gates."""
+        if self.gate_input != "context":
+            return
+        device = self.context_centers.device
+        sums = torch.zeros_like(self.context_centers)
+        count = 0
+        self.capture_context = True
+        try:
+            for ids in sequences:
+                ids = list(ids)
+                if not ids:
+                    continue
+                with self.force_routing(None):  # the gates route (forced routing computes no context)
+                    self(input_ids=torch.tensor([ids], device=device), use_cache=False)
+                for router in self.routers:
+                    sums[router.index] += router.raw_context[0].float().sum(0)
+                count += len(ids)
+        finally:
+            self.capture_context = False
+            for router in self.routers:
+                router.raw_context = None
+        if count:
+            self.context_centers.copy_(sums / count)
 
     def gate_parameters(self) -> list[nn.Parameter]:
         return [p for g in self.gates for p in g.parameters()]

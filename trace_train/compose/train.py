@@ -100,6 +100,8 @@ def train_router(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
     if not episodes:
         raise ComposeError("no successful trajectories to train the router on; pass trajectories with "
                            "success=true (e.g. `trace rollout` of each capability adapter on its env)")
+    # Context gates read their context centred on this data's mean (a statistic, fixed before training).
+    model.fit_context_centers(ep.ids for ep in episodes)
     params = model.gate_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
