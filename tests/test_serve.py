@@ -115,10 +115,12 @@ def test_openenv_client_plays_an_oracle_episode_to_reward_1(server):
 
 
 def test_generic_openenv_client_needs_no_trace_code(server):
-    """OpenEnv's GenericEnvClient (plain dicts) plays the same episode: the wire format is OpenEnv's."""
+    """OpenEnv's GenericEnvClient (plain dicts) plays the same episode: the wire format is OpenEnv's. With
+    ``transcript: full`` every observation carries the whole transcript and the tools (no TRACE code to rebuild
+    them from deltas)."""
     oracle = _Oracle(TAU, 5)
     with GenericEnvClient(base_url=server.url).sync() as client:
-        result = client.reset(env_id=TAU, seed=5)
+        result = client.reset(env_id=TAU, seed=5, transcript="full")
         for _ in range(60):
             o = result.observation
             result = client.step({"message": oracle(o["text"], o["messages"], o["tool_schemas"])})
@@ -167,12 +169,17 @@ def test_raw_websocket_client_plays_an_oracle_episode(server):
         ws.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 7}}))
         reply = json.loads(ws.recv())
         assert reply["type"] == "observation"
+        o = reply["data"]["observation"]
+        transcript, tools = o["messages"], o["tool_schemas"]  # whole at reset
         for _ in range(60):
-            o = reply["data"]["observation"]
-            action = oracle(o["text"], o["messages"], o["tool_schemas"])
+            action = oracle(o["text"], transcript, tools)
             ws.send(json.dumps({"type": "step", "data": {"message": action}}))
             reply = json.loads(ws.recv())
             assert reply["type"] == "observation", reply
+            o = reply["data"]["observation"]
+            # A step sends what is new (the default transcript mode, 'delta'): rebuild the transcript from it.
+            transcript = transcript[:o["messages_from"]] + o["new_messages"]
+            tools = o["tool_schemas"] or tools
             if reply["data"]["done"]:
                 break
         data = reply["data"]
@@ -180,6 +187,81 @@ def test_raw_websocket_client_plays_an_oracle_episode(server):
         ws.send(json.dumps({"type": "close"}))
     oracle.close()
     _wait_idle(server)
+
+
+def _local_episode(env_id: str, seed: int) -> tuple[list, list]:
+    """The oracle's actions for ``seed`` and, after the reset and after each step, the local env's transcript
+    and tools (as JSON, what a client receives)."""
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=seed)
+    policy = env.unwrapped.oracle()
+    actions, infos = [], [json.loads(json.dumps({"messages": info["messages"], "tools": info["tools"]}))]
+    while True:
+        actions.append(policy(obs, info))
+        obs, _, terminated, truncated, info = env.step(actions[-1])
+        infos.append(json.loads(json.dumps({"messages": info["messages"], "tools": info["tools"]})))
+        if terminated or truncated:
+            break
+    env.close()
+    return actions, infos
+
+
+def test_steps_send_the_transcript_as_a_delta_and_whole_on_request(server):
+    """By default a step's observation carries only the messages new this turn (``new_messages`` from index
+    ``messages_from``) and no tool schemas; the whole transcript and the tools come at reset. A reset with
+    ``transcript: full`` gets both whole on every step. Either way the client's transcript equals the local
+    env's after every step, and the typed client rebuilds it on its own."""
+    actions, infos = _local_episode(TAU, 12)
+    sizes = {}
+    for mode in ("delta", "full"):
+        with connect(_ws_url(server), max_size=None) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 12, "transcript": mode}}))
+            o = json.loads(ws.recv())["data"]["observation"]
+            assert o["messages"] == o["new_messages"] == infos[0]["messages"] and o["messages_from"] == 0
+            assert o["tool_schemas"] == infos[0]["tools"]
+            transcript, sizes[mode] = o["messages"], []
+            for action, local in zip(actions, infos[1:]):
+                ws.send(json.dumps({"type": "step", "data": {"message": action}}))
+                raw = ws.recv()
+                sizes[mode].append(len(raw))
+                o = json.loads(raw)["data"]["observation"]
+                assert o["messages_from"] == len(transcript) and o["new_messages"]  # only appends in a τ² episode
+                transcript = transcript[:o["messages_from"]] + o["new_messages"]
+                assert transcript == local["messages"]
+                if mode == "full":
+                    assert o["messages"] == local["messages"] and o["tool_schemas"] == local["tools"]
+                else:
+                    assert o["messages"] == [] and o["tool_schemas"] == []
+    # A step's delta observation is a small fraction of the full one (the tool schemas alone are ~10 kB).
+    assert max(sizes["delta"]) * 4 < min(sizes["full"]), sizes
+    with TraceEnvClient(base_url=server.url).sync() as client:  # the typed client rebuilds the whole transcript
+        result = client.reset(env_id=TAU, seed=12)
+        for action, local in zip(actions, infos[1:]):
+            result = client.step(action)
+            obs = result.observation
+            assert obs.messages == local["messages"] and obs.tool_schemas == local["tools"]
+        assert result.done and result.reward == 1.0
+        result = client.reset(env_id=TAU, seed=12, transcript="full")  # the same, whole on the wire
+        result = client.step(actions[0])
+        assert result.observation.messages == infos[1]["messages"]
+        with pytest.raises(RuntimeError, match="'transcript' must be one of 'delta', 'full'"):
+            client.reset(env_id=TAU, seed=12, transcript="everything")
+    _wait_idle(server)
+
+
+def test_a_server_started_with_transcript_full_sends_it_whole_by_default():
+    actions, infos = _local_episode(TAU, 13)
+    with ServerThread(build_app([TAU], transcript="full", idle_timeout_s=None)) as srv:
+        assert _stats(srv)["transcript"] == "full"
+        with GenericEnvClient(base_url=srv.url).sync() as client:
+            client.reset(seed=13)
+            o = client.step({"message": actions[0]}).observation
+            assert o["messages"] == infos[1]["messages"] and o["tool_schemas"] == infos[1]["tools"]
+            client.reset(seed=13, transcript="delta")  # a session may still ask for deltas
+            o = client.step({"message": actions[0]}).observation
+            assert o["messages"] == [] and o["new_messages"] == infos[1]["messages"][o["messages_from"]:]
+    with pytest.raises(ValueError, match="'transcript' must be one of"):
+        build_app([TAU], transcript="all")
 
 
 def test_json_rpc_over_http_in_an_openenv_session(server):
