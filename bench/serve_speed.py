@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -215,7 +216,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env-id", default="trace/tau_airline-v0")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--episodes", type=int, default=6, help="episodes per session (default: 6)")
+    ap.add_argument("--episodes", type=int, default=6, help="episodes per session at least (default: 6)")
     ap.add_argument("--seeds", type=int, default=64, help="distinct seeds (default: 64)")
     ap.add_argument("--transports", nargs="+", default=["ws", "http"], choices=["ws", "http"])
     ap.add_argument("--transcripts", nargs="+", default=["delta", "full"], choices=["delta", "full"],
@@ -225,11 +226,14 @@ def main() -> None:
                          "runs (uniform in ±50%%; default: 50 ms, a fast LLM turn)")
     ap.add_argument("--runs", nargs="+", default=["think", "saturated"], choices=["think", "saturated"],
                     help="'think': latency with the think time; 'saturated': closed loop, no think time")
+    ap.add_argument("--min-steps", type=int, default=300,
+                    help="steps per configuration at least (fewer sessions play more episodes; default: 300)")
     args = ap.parse_args()
 
     load0 = os.getloadavg()
     plans, inproc_lat, inproc_tp = oracle_plans(args.env_id, range(args.seeds))
     in50, in99, in_cost = pct(inproc_lat, 0.5), pct(inproc_lat, 0.99), 1 / inproc_tp
+    steps_per_episode = len(inproc_lat) / len(plans)
     print(f"{args.env_id}: {len(plans)} oracle episodes, {len(inproc_lat)} steps "
           f"({len(inproc_lat) / len(plans):.1f} per episode); load average {load0[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"in-process env.step (the anchor): p50 {in50 * 1e3:.3f} ms, p99 {in99 * 1e3:.3f} ms; {inproc_tp:.0f} "
@@ -245,8 +249,9 @@ def main() -> None:
                     for n in args.sessions:
                         # warm-up (connections, caches), closed loop
                         asyncio.run(run_config(transport, url, args.env_id, plans, n, 1, 0.0, mode))
+                        episodes = max(args.episodes, math.ceil(args.min_steps / (n * steps_per_episode)))
                         cpu = cpu_seconds(proc.pid)
-                        r = asyncio.run(run_config(transport, url, args.env_id, plans, n, args.episodes, think, mode))
+                        r = asyncio.run(run_config(transport, url, args.env_id, plans, n, episodes, think, mode))
                         r["server_cpu"] = (cpu_seconds(proc.pid) - cpu) / r["steps"]
                         rows.append((run, transport, transcript, n, r))
                         stats = httpx.get(url + "/trace/stats", timeout=10).json()
