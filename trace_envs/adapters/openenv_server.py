@@ -83,7 +83,7 @@ import mcp.types as mcp_types
 from fastmcp import FastMCP
 from fastmcp.client.client import CallToolResult
 from fastmcp.tools.base import Tool as FastMCPTool, ToolResult
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 import gymnasium as gym
@@ -170,6 +170,10 @@ class TraceToolObservation(CallToolObservation):
 
 class TraceState(State):
     """The session's episode: which env, which seed, how far, and how it ended."""
+
+    # The server sets these fields itself, with values of the right types, several times a step: OpenEnv's
+    # State validates every assignment, which is a cost with nothing to catch here.
+    model_config = ConfigDict(**{**State.model_config, "validate_assignment": False})
 
     env_id: Optional[str] = None
     seed: Optional[int] = None
@@ -276,9 +280,8 @@ class _DirectMCPClient:
 
     async def call_tool(self, name: str, arguments: dict | None = None, **_: Any) -> CallToolResult:
         owner = self._owner
-        if name not in {t["function"]["name"] for t in owner._mcp_schemas()}:
-            raise ValueError(f"unknown tool {name!r}; this episode's tools: "
-                             + ", ".join(t["function"]["name"] for t in owner._mcp_schemas()))
+        if owner._env is not None and name not in owner._tool_names:  # before a reset: _tool_call says so
+            raise ValueError(f"unknown tool {name!r}; this episode's tools: " + ", ".join(owner._tool_names))
         text, obs = await asyncio.to_thread(owner._tool_call, name, dict(arguments or {}))
         meta = {"done": obs.done, "reward": obs.reward, "reward_breakdown": obs.reward_breakdown,
                 "success": obs.success, "termination": obs.termination}
@@ -646,8 +649,13 @@ class _Guard:
             if closed:
                 return {"type": "websocket.disconnect", "code": 1000}
             try:
-                message = await (asyncio.wait_for(receive(), self.idle) if self.idle and accepted else receive())
-            except asyncio.TimeoutError:
+                if self.idle and accepted:
+                    # asyncio.timeout, not wait_for: wait_for wraps every receive in a new task (~10 µs a message).
+                    async with asyncio.timeout(self.idle):
+                        message = await receive()
+                else:
+                    message = await receive()
+            except TimeoutError:
                 return await refuse(4408, "IDLE_TIMEOUT", f"session closed after {self.idle:g} s without a message; "
                                                           "open a new connection")
             if message["type"] == "websocket.receive":
