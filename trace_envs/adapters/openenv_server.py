@@ -247,7 +247,7 @@ class _EnvTool(FastMCPTool):
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         owner: TraceOpenEnv = self._owner
         # The env is synchronous (an SWE tool waits on a container): keep the event loop free.
-        text, obs = await asyncio.to_thread(owner._tool_call, self.name, dict(arguments or {}))
+        text, obs = await owner._run_step(owner._tool_call, self.name, dict(arguments or {}))
         meta = {"done": obs.done, "reward": obs.reward, "reward_breakdown": obs.reward_breakdown,
                 "success": obs.success, "termination": obs.termination}
         return ToolResult(content=text, meta=meta)
@@ -282,7 +282,7 @@ class _DirectMCPClient:
         owner = self._owner
         if owner._env is not None and name not in owner._tool_names:  # before a reset: _tool_call says so
             raise ValueError(f"unknown tool {name!r}; this episode's tools: " + ", ".join(owner._tool_names))
-        text, obs = await asyncio.to_thread(owner._tool_call, name, dict(arguments or {}))
+        text, obs = await owner._run_step(owner._tool_call, name, dict(arguments or {}))
         meta = {"done": obs.done, "reward": obs.reward, "reward_breakdown": obs.reward_breakdown,
                 "success": obs.success, "termination": obs.termination}
         return CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], structured_content=None,
@@ -313,6 +313,7 @@ class TraceOpenEnv(MCPEnvironment):
         # What the client holds: the transcript (references to the messages sent) and the tool schemas last sent.
         self._sent_messages: list = []
         self._sent_tools: Any = None
+        self._inline = False  # steps run on the event loop (the env's nonblocking_step), not in a worker thread
         self._closed = False
         if live is not None:
             live.add(self)
@@ -347,6 +348,7 @@ class TraceOpenEnv(MCPEnvironment):
                     raise ValueError(f"{env_id} does not take these kwargs ({exc}); its registry kwargs: "
                                      f"{get_entry(env_id).kwargs}") from exc
                 self._made = key
+                self._inline = bool(getattr(self._env.unwrapped, "nonblocking_step", False))
             obs, info = self._env.reset(seed=seed, options=options)
             self._state = TraceState(episode_id=episode_id or str(uuid.uuid4()), step_count=0, env_id=env_id,
                                      seed=seed)
@@ -369,6 +371,21 @@ class TraceOpenEnv(MCPEnvironment):
                 text=obs.text, messages=obs.messages, new_messages=obs.new_messages,
                 messages_from=obs.messages_from, tool_schemas=obs.tool_schemas, reward_breakdown=obs.reward_breakdown, success=obs.success, termination=obs.termination)
         return self._step_env(action.message)
+
+    async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        """OpenEnv's WebSocket handler awaits this for every step. An env whose ``step`` neither blocks nor takes
+        long (its ``nonblocking_step``, e.g. a τ² env with the scripted user) steps right here, on the event
+        loop: handing a 0.05 ms step to a worker thread and back costs more than the step (docs/serve.md,
+        "Speed"). Any other env steps in a worker thread, as OpenEnv does, so that the loop keeps serving."""
+        if self._inline and isinstance(action, TraceAction):
+            return self._step_impl(action, timeout_s=timeout_s, **kwargs)
+        return await super().step_async(action, timeout_s=timeout_s, **kwargs)
+
+    async def _run_step(self, fn, *args: Any) -> Any:
+        """``fn(*args)`` (a step of the env) on the event loop when the env's steps do not block, else in a thread."""
+        if self._inline:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     @property
     def state(self) -> TraceState:
@@ -405,7 +422,7 @@ class TraceOpenEnv(MCPEnvironment):
 
     def _close_env(self) -> None:
         if self._env is not None:
-            env, self._env, self._made = self._env, None, None
+            env, self._env, self._made, self._inline = self._env, None, None, False
             try:
                 env.close()  # an SWE env removes its sandbox container here
             except Exception:
