@@ -264,6 +264,72 @@ def test_a_server_started_with_transcript_full_sends_it_whole_by_default():
         build_app([TAU], transcript="all")
 
 
+class _SlowUserModel:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that answers every request after ``delay`` seconds: the
+    LLM user of a τ² env whose steps block (as a real user model's do)."""
+
+    def __init__(self, delay: float):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(delay)
+                body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "user",
+                                   "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                       "role": "assistant", "content": "Thanks, that is all. ###STOP###"}}],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_step_that_blocks_does_not_stall_the_other_sessions(server):
+    """A τ² env with the scripted user declares ``nonblocking_step`` and steps on the server's event loop; one
+    with an LLM user does not (its step waits on the user model), so it steps in a worker thread and another
+    session's steps go on meanwhile."""
+    user = _SlowUserModel(delay=2.0)
+    scripted, llm = gym.make(TAU), gym.make(TAU, user={"base_url": user.url, "model": "user"})
+    assert scripted.unwrapped.nonblocking_step and not llm.unwrapped.nonblocking_step
+    scripted.close(), llm.close()
+    try:
+        with connect(_ws_url(server)) as slow, connect(_ws_url(server)) as fast:
+            slow.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 0, "env_kwargs": {
+                "user": {"base_url": user.url, "model": "user"}}}}))
+            assert json.loads(slow.recv())["type"] == "observation"
+            fast.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 0}}))
+            assert json.loads(fast.recv())["type"] == "observation"
+            started = time.monotonic()
+            slow.send(json.dumps({"type": "step", "data": {"message": "Hello! How can I help?"}}))
+            time.sleep(0.2)  # the slow step is waiting on the user model now
+            for _ in range(3):
+                fast.send(json.dumps({"type": "step", "data": {"message": "Hello! How can I help?"}}))
+                assert json.loads(fast.recv(timeout=10))["type"] == "observation"
+            fast_done = time.monotonic() - started
+            reply = json.loads(slow.recv(timeout=30))
+            slow_done = time.monotonic() - started
+        assert reply["type"] == "observation", reply
+        assert reply["data"]["done"] and reply["data"]["observation"]["termination"] == "user_stop"
+        assert slow_done >= 2.0 and fast_done < 1.5, (fast_done, slow_done)
+    finally:
+        user.close()
+    _wait_idle(server)
+
+
 def test_json_rpc_over_http_in_an_openenv_session(server):
     """HTTP: an OpenEnv MCP session (openenv/session/create), reset over a WebSocket attached to it, tool
     calls as JSON-RPC POSTs carrying ``done``/``reward`` in ``_meta``; closing the session frees its env."""
