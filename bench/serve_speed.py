@@ -111,8 +111,9 @@ async def ws_session(url: str, env_id: str, plans: dict, seeds: list[int], lat: 
     await _think(rng, think_s)  # sessions start spread over one think time
     async with connect(url.replace("http://", "ws://") + "/ws", max_size=None, compression=None) as ws:
         for seed in seeds:
-            await ws.send(json.dumps({"type": "reset", "data": {"env_id": env_id, "seed": seed,
-                                                                "transcript": transcript}}))
+            # 'delta' is the server's default: not named, so the script also measures servers older than the option
+            extra = {"transcript": transcript} if transcript != "delta" else {}
+            await ws.send(json.dumps({"type": "reset", "data": {"env_id": env_id, "seed": seed, **extra}}))
             obs = json.loads(await ws.recv())["data"]["observation"]
             messages = obs["messages"]
             for action in plans[seed]:
