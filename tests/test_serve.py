@@ -115,10 +115,12 @@ def test_openenv_client_plays_an_oracle_episode_to_reward_1(server):
 
 
 def test_generic_openenv_client_needs_no_trace_code(server):
-    """OpenEnv's GenericEnvClient (plain dicts) plays the same episode: the wire format is OpenEnv's."""
+    """OpenEnv's GenericEnvClient (plain dicts) plays the same episode: the wire format is OpenEnv's. With
+    ``transcript: full`` every observation carries the whole transcript and the tools (no TRACE code to rebuild
+    them from deltas)."""
     oracle = _Oracle(TAU, 5)
     with GenericEnvClient(base_url=server.url).sync() as client:
-        result = client.reset(env_id=TAU, seed=5)
+        result = client.reset(env_id=TAU, seed=5, transcript="full")
         for _ in range(60):
             o = result.observation
             result = client.step({"message": oracle(o["text"], o["messages"], o["tool_schemas"])})
@@ -167,18 +169,164 @@ def test_raw_websocket_client_plays_an_oracle_episode(server):
         ws.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 7}}))
         reply = json.loads(ws.recv())
         assert reply["type"] == "observation"
+        o = reply["data"]["observation"]
+        transcript, tools = o["messages"], o["tool_schemas"]  # whole at reset
         for _ in range(60):
-            o = reply["data"]["observation"]
-            action = oracle(o["text"], o["messages"], o["tool_schemas"])
+            action = oracle(o["text"], transcript, tools)
             ws.send(json.dumps({"type": "step", "data": {"message": action}}))
             reply = json.loads(ws.recv())
             assert reply["type"] == "observation", reply
+            o = reply["data"]["observation"]
+            # A step sends what is new (the default transcript mode, 'delta'): rebuild the transcript from it.
+            transcript = transcript[:o["messages_from"]] + o["new_messages"]
+            tools = o["tool_schemas"] or tools
             if reply["data"]["done"]:
                 break
         data = reply["data"]
         assert data["done"] and data["reward"] == 1.0 and data["observation"]["success"] is True
         ws.send(json.dumps({"type": "close"}))
     oracle.close()
+    _wait_idle(server)
+
+
+def _local_episode(env_id: str, seed: int) -> tuple[list, list]:
+    """The oracle's actions for ``seed`` and, after the reset and after each step, the local env's transcript
+    and tools (as JSON, what a client receives)."""
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=seed)
+    policy = env.unwrapped.oracle()
+    actions, infos = [], [json.loads(json.dumps({"messages": info["messages"], "tools": info["tools"]}))]
+    while True:
+        actions.append(policy(obs, info))
+        obs, _, terminated, truncated, info = env.step(actions[-1])
+        infos.append(json.loads(json.dumps({"messages": info["messages"], "tools": info["tools"]})))
+        if terminated or truncated:
+            break
+    env.close()
+    return actions, infos
+
+
+def test_steps_send_the_transcript_as_a_delta_and_whole_on_request(server):
+    """By default a step's observation carries only the messages new this turn (``new_messages`` from index
+    ``messages_from``) and no tool schemas; the whole transcript and the tools come at reset. A reset with
+    ``transcript: full`` gets both whole on every step. Either way the client's transcript equals the local
+    env's after every step, and the typed client rebuilds it on its own."""
+    actions, infos = _local_episode(TAU, 12)
+    sizes = {}
+    for mode in ("delta", "full"):
+        with connect(_ws_url(server), max_size=None) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 12, "transcript": mode}}))
+            o = json.loads(ws.recv())["data"]["observation"]
+            assert o["messages"] == o["new_messages"] == infos[0]["messages"] and o["messages_from"] == 0
+            assert o["tool_schemas"] == infos[0]["tools"]
+            transcript, sizes[mode] = o["messages"], []
+            for action, local in zip(actions, infos[1:]):
+                ws.send(json.dumps({"type": "step", "data": {"message": action}}))
+                raw = ws.recv()
+                sizes[mode].append(len(raw))
+                o = json.loads(raw)["data"]["observation"]
+                assert o["messages_from"] == len(transcript) and o["new_messages"]  # only appends in a τ² episode
+                transcript = transcript[:o["messages_from"]] + o["new_messages"]
+                assert transcript == local["messages"]
+                if mode == "full":
+                    assert o["messages"] == local["messages"] and o["tool_schemas"] == local["tools"]
+                else:
+                    assert o["messages"] == [] and o["tool_schemas"] == []
+    # A step's delta observation is a small fraction of the full one (the tool schemas alone are ~10 kB).
+    assert max(sizes["delta"]) * 4 < min(sizes["full"]), sizes
+    with TraceEnvClient(base_url=server.url).sync() as client:  # the typed client rebuilds the whole transcript
+        result = client.reset(env_id=TAU, seed=12)
+        for action, local in zip(actions, infos[1:]):
+            result = client.step(action)
+            obs = result.observation
+            assert obs.messages == local["messages"] and obs.tool_schemas == local["tools"]
+        assert result.done and result.reward == 1.0
+        result = client.reset(env_id=TAU, seed=12, transcript="full")  # the same, whole on the wire
+        result = client.step(actions[0])
+        assert result.observation.messages == infos[1]["messages"]
+        with pytest.raises(RuntimeError, match="'transcript' must be one of 'delta', 'full'"):
+            client.reset(env_id=TAU, seed=12, transcript="everything")
+    _wait_idle(server)
+
+
+def test_a_server_started_with_transcript_full_sends_it_whole_by_default():
+    actions, infos = _local_episode(TAU, 13)
+    with ServerThread(build_app([TAU], transcript="full", idle_timeout_s=None)) as srv:
+        assert _stats(srv)["transcript"] == "full"
+        with GenericEnvClient(base_url=srv.url).sync() as client:
+            client.reset(seed=13)
+            o = client.step({"message": actions[0]}).observation
+            assert o["messages"] == infos[1]["messages"] and o["tool_schemas"] == infos[1]["tools"]
+            client.reset(seed=13, transcript="delta")  # a session may still ask for deltas
+            o = client.step({"message": actions[0]}).observation
+            assert o["messages"] == [] and o["new_messages"] == infos[1]["messages"][o["messages_from"]:]
+    with pytest.raises(ValueError, match="'transcript' must be one of"):
+        build_app([TAU], transcript="all")
+
+
+class _SlowUserModel:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that answers every request after ``delay`` seconds: the
+    LLM user of a τ² env whose steps block (as a real user model's do)."""
+
+    def __init__(self, delay: float):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(delay)
+                body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "user",
+                                   "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                       "role": "assistant", "content": "Thanks, that is all. ###STOP###"}}],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_step_that_blocks_does_not_stall_the_other_sessions(server):
+    """A τ² env with the scripted user declares ``nonblocking_step`` and steps on the server's event loop; one
+    with an LLM user does not (its step waits on the user model), so it steps in a worker thread and another
+    session's steps go on meanwhile."""
+    user = _SlowUserModel(delay=2.0)
+    scripted, llm = gym.make(TAU), gym.make(TAU, user={"base_url": user.url, "model": "user"})
+    assert scripted.unwrapped.nonblocking_step and not llm.unwrapped.nonblocking_step
+    scripted.close(), llm.close()
+    try:
+        with connect(_ws_url(server)) as slow, connect(_ws_url(server)) as fast:
+            slow.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 0, "env_kwargs": {
+                "user": {"base_url": user.url, "model": "user"}}}}))
+            assert json.loads(slow.recv())["type"] == "observation"
+            fast.send(json.dumps({"type": "reset", "data": {"env_id": TAU, "seed": 0}}))
+            assert json.loads(fast.recv())["type"] == "observation"
+            started = time.monotonic()
+            slow.send(json.dumps({"type": "step", "data": {"message": "Hello! How can I help?"}}))
+            time.sleep(0.2)  # the slow step is waiting on the user model now
+            for _ in range(3):
+                fast.send(json.dumps({"type": "step", "data": {"message": "Hello! How can I help?"}}))
+                assert json.loads(fast.recv(timeout=10))["type"] == "observation"
+            fast_done = time.monotonic() - started
+            reply = json.loads(slow.recv(timeout=30))
+            slow_done = time.monotonic() - started
+        assert reply["type"] == "observation", reply
+        assert reply["data"]["done"] and reply["data"]["observation"]["termination"] == "user_stop"
+        assert slow_done >= 2.0 and fast_done < 1.5, (fast_done, slow_done)
+    finally:
+        user.close()
     _wait_idle(server)
 
 

@@ -16,12 +16,17 @@ generated envs). A session picks its env at reset::
     {"type": "reset", "data": {"env_id": "trace/tau_airline-v0", "seed": 3,
                                "env_kwargs": {"user": "scripted"}}}
 
-(keys other than ``env_id``, ``seed``, ``episode_id``, ``options`` and ``env_kwargs`` are
-env kwargs as well). Observations (:class:`TraceObservation`) carry the new ``text``, the whole
-transcript (``messages``, OpenAI format), the episode's tool schemas (``tool_schemas``, OpenAI
-function format: not ``tools``, which OpenEnv's MCP client reads as an MCP tool list),
-``reward`` (0 until the last step), ``done``, ``reward_breakdown``, ``success``,
-``termination``; every other key of the env's ``info`` is in ``metadata``.
+(keys other than ``env_id``, ``seed``, ``episode_id``, ``options``, ``env_kwargs`` and
+``transcript`` are env kwargs as well). Observations (:class:`TraceObservation`) carry the new
+``text``; the transcript (OpenAI format) as a delta: ``new_messages``, the messages from index
+``messages_from`` on (the client keeps ``transcript[:messages_from] + new_messages``), with the
+whole transcript in ``messages`` at reset; the episode's tool schemas (``tool_schemas``, OpenAI
+function format: not ``tools``, which OpenEnv's MCP client reads as an MCP tool list) at reset and
+when they change; ``reward`` (0 until the last step), ``done``, ``reward_breakdown``, ``success``,
+``termination``; every other key of the env's ``info`` is in ``metadata``. A session reset with
+``"transcript": "full"`` (or a server started with ``--transcript full``) gets ``messages`` and
+``tool_schemas`` whole on every step instead. :class:`TraceEnvClient` rebuilds the whole transcript
+either way, so its observations always carry all of ``messages`` and ``tool_schemas``.
 
 Actions (:class:`TraceAction`) come in two forms:
 
@@ -78,7 +83,7 @@ import mcp.types as mcp_types
 from fastmcp import FastMCP
 from fastmcp.client.client import CallToolResult
 from fastmcp.tools.base import Tool as FastMCPTool, ToolResult
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 import gymnasium as gym
@@ -96,7 +101,9 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 TOKEN_ENV_VAR = "TRACE_SERVE_TOKEN"
 #: Reset keys that are not env kwargs.
-_RESET_KEYS = {"seed", "episode_id", "env_id", "env_kwargs", "options"}
+_RESET_KEYS = {"seed", "episode_id", "env_id", "env_kwargs", "options", "transcript"}
+#: What an observation carries of the transcript (a reset's ``transcript`` key, ``trace serve --transcript``).
+TRANSCRIPT_MODES = ("delta", "full")
 
 
 # ----------------------------------------------------------------------------- wire models
@@ -131,9 +138,16 @@ class TraceObservation(Observation):
     """What the agent sees after a reset or a step (``reward`` and ``done`` come from ``Observation``)."""
 
     text: str = Field(default="", description="what the agent sees new this turn")
-    messages: List[Dict[str, Any]] = Field(default_factory=list, description="the whole transcript, OpenAI format")
-    tool_schemas: List[Dict[str, Any]] = Field(default_factory=list, description="the episode's tools (OpenAI "
-                                                                                  "function schemas)")
+    messages: List[Dict[str, Any]] = Field(default_factory=list, description=(
+        "the whole transcript, OpenAI format: at reset, and on every step with transcript 'full' (empty on a "
+        "step with transcript 'delta', the default)"))
+    new_messages: List[Dict[str, Any]] = Field(default_factory=list, description=(
+        "the transcript from index messages_from on: the transcript is now transcript[:messages_from] + "
+        "new_messages"))
+    messages_from: int = Field(default=0, description="where new_messages starts in the transcript (0 at reset)")
+    tool_schemas: List[Dict[str, Any]] = Field(default_factory=list, description=(
+        "the episode's tools (OpenAI function schemas): at reset and when they change (every step with "
+        "transcript 'full'); empty: unchanged"))
     env_id: Optional[str] = None
     seed: Optional[int] = None
     reward_breakdown: Optional[Dict[str, Any]] = None
@@ -146,6 +160,8 @@ class TraceToolObservation(CallToolObservation):
 
     text: str = ""
     messages: List[Dict[str, Any]] = Field(default_factory=list)
+    new_messages: List[Dict[str, Any]] = Field(default_factory=list)
+    messages_from: int = 0
     tool_schemas: List[Dict[str, Any]] = Field(default_factory=list)
     reward_breakdown: Optional[Dict[str, Any]] = None
     success: Optional[bool] = None
@@ -154,6 +170,10 @@ class TraceToolObservation(CallToolObservation):
 
 class TraceState(State):
     """The session's episode: which env, which seed, how far, and how it ended."""
+
+    # The server sets these fields itself, with values of the right types, several times a step: OpenEnv's
+    # State validates every assignment, which is a cost with nothing to catch here.
+    model_config = ConfigDict(**{**State.model_config, "validate_assignment": False})
 
     env_id: Optional[str] = None
     seed: Optional[int] = None
@@ -168,9 +188,10 @@ class TraceState(State):
 class ServeConfig:
     """What a server allows (shared by all its sessions)."""
 
-    def __init__(self, env_ids: Sequence[str] = (), default_env_id: str | None = None):
+    def __init__(self, env_ids: Sequence[str] = (), default_env_id: str | None = None, transcript: str = "delta"):
         self.env_ids = tuple(env_ids)  # empty: every registered id
         self.default_env_id = default_env_id or (self.env_ids[0] if len(self.env_ids) == 1 else None)
+        self.transcript = check_transcript(transcript)
 
     def check(self, env_id: str | None) -> str:
         env_id = env_id or self.default_env_id
@@ -189,6 +210,13 @@ class ServeConfig:
 
     def served(self) -> str:
         return ", ".join(self.env_ids or [e.id for e in registered()])
+
+
+def check_transcript(mode: Any) -> str:
+    """``mode`` if it names a transcript mode (``delta`` or ``full``), else a ValueError that says which do."""
+    if mode not in TRANSCRIPT_MODES:
+        raise ValueError(f"'transcript' must be one of {', '.join(map(repr, TRANSCRIPT_MODES))}, got {mode!r}")
+    return mode
 
 
 class _Live:
@@ -219,7 +247,7 @@ class _EnvTool(FastMCPTool):
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         owner: TraceOpenEnv = self._owner
         # The env is synchronous (an SWE tool waits on a container): keep the event loop free.
-        text, obs = await asyncio.to_thread(owner._tool_call, self.name, dict(arguments or {}))
+        text, obs = await owner._run_step(owner._tool_call, self.name, dict(arguments or {}))
         meta = {"done": obs.done, "reward": obs.reward, "reward_breakdown": obs.reward_breakdown,
                 "success": obs.success, "termination": obs.termination}
         return ToolResult(content=text, meta=meta)
@@ -252,10 +280,9 @@ class _DirectMCPClient:
 
     async def call_tool(self, name: str, arguments: dict | None = None, **_: Any) -> CallToolResult:
         owner = self._owner
-        if name not in {t["function"]["name"] for t in owner._mcp_schemas()}:
-            raise ValueError(f"unknown tool {name!r}; this episode's tools: "
-                             + ", ".join(t["function"]["name"] for t in owner._mcp_schemas()))
-        text, obs = await asyncio.to_thread(owner._tool_call, name, dict(arguments or {}))
+        if owner._env is not None and name not in owner._tool_names:  # before a reset: _tool_call says so
+            raise ValueError(f"unknown tool {name!r}; this episode's tools: " + ", ".join(owner._tool_names))
+        text, obs = await owner._run_step(owner._tool_call, name, dict(arguments or {}))
         meta = {"done": obs.done, "reward": obs.reward, "reward_breakdown": obs.reward_breakdown,
                 "success": obs.success, "termination": obs.termination}
         return CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], structured_content=None,
@@ -282,6 +309,11 @@ class TraceOpenEnv(MCPEnvironment):
         self._state = TraceState()
         self._tool_names: list[str] = []
         self._info: dict = {}
+        self._full = self._config.transcript == "full"
+        # What the client holds: the transcript (references to the messages sent) and the tool schemas last sent.
+        self._sent_messages: list = []
+        self._sent_tools: Any = None
+        self._inline = False  # steps run on the event loop (the env's nonblocking_step), not in a worker thread
         self._closed = False
         if live is not None:
             live.add(self)
@@ -289,11 +321,17 @@ class TraceOpenEnv(MCPEnvironment):
     # ------------------------------------------------------------------ OpenEnv interface
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, env_id: Optional[str] = None,
-              env_kwargs: Optional[dict] = None, options: Optional[dict] = None, **kwargs: Any) -> TraceObservation:
-        """Start an episode of ``env_id`` (the server's default when it serves one id) with ``seed``."""
+              env_kwargs: Optional[dict] = None, options: Optional[dict] = None, transcript: Optional[str] = None,
+              **kwargs: Any) -> TraceObservation:
+        """Start an episode of ``env_id`` (the server's default when it serves one id) with ``seed``.
+
+        ``transcript`` (``delta`` or ``full``; the server's default when not given) says what this episode's
+        step observations carry of the transcript and the tool schemas (see :class:`TraceObservation`).
+        """
         with self._lock:
             self._check_open()
             env_id = self._config.check(env_id)
+            full = self._config.transcript == "full" if transcript is None else check_transcript(transcript) == "full"
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
                 raise ValueError(f"'seed' must be an integer, got {seed!r}")
             if env_kwargs is not None and not isinstance(env_kwargs, dict):
@@ -310,12 +348,14 @@ class TraceOpenEnv(MCPEnvironment):
                     raise ValueError(f"{env_id} does not take these kwargs ({exc}); its registry kwargs: "
                                      f"{get_entry(env_id).kwargs}") from exc
                 self._made = key
+                self._inline = bool(getattr(self._env.unwrapped, "nonblocking_step", False))
             obs, info = self._env.reset(seed=seed, options=options)
             self._state = TraceState(episode_id=episode_id or str(uuid.uuid4()), step_count=0, env_id=env_id,
                                      seed=seed)
             self._info = info
+            self._full, self._sent_messages, self._sent_tools = full, [], None
             self._sync_tools()
-            return self._observation(obs, 0.0, False, info)
+            return self._observation(obs, 0.0, False, info, reset=True)
 
     def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if not isinstance(action, TraceAction):
@@ -328,9 +368,24 @@ class TraceOpenEnv(MCPEnvironment):
                 tool_name=action.tool_name or "", done=obs.done, reward=obs.reward, metadata=obs.metadata,
                 result={"content": [{"type": "text", "text": text}], "structured_content": None, "data": text,
                         "is_error": False},
-                text=obs.text, messages=obs.messages, tool_schemas=obs.tool_schemas,
-                reward_breakdown=obs.reward_breakdown, success=obs.success, termination=obs.termination)
+                text=obs.text, messages=obs.messages, new_messages=obs.new_messages,
+                messages_from=obs.messages_from, tool_schemas=obs.tool_schemas, reward_breakdown=obs.reward_breakdown, success=obs.success, termination=obs.termination)
         return self._step_env(action.message)
+
+    async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        """OpenEnv's WebSocket handler awaits this for every step. An env whose ``step`` neither blocks nor takes
+        long (its ``nonblocking_step``, e.g. a τ² env with the scripted user) steps right here, on the event
+        loop: handing a 0.05 ms step to a worker thread and back costs more than the step (docs/serve.md,
+        "Speed"). Any other env steps in a worker thread, as OpenEnv does, so that the loop keeps serving."""
+        if self._inline and isinstance(action, TraceAction):
+            return self._step_impl(action, timeout_s=timeout_s, **kwargs)
+        return await super().step_async(action, timeout_s=timeout_s, **kwargs)
+
+    async def _run_step(self, fn, *args: Any) -> Any:
+        """``fn(*args)`` (a step of the env) on the event loop when the env's steps do not block, else in a thread."""
+        if self._inline:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     @property
     def state(self) -> TraceState:
@@ -367,7 +422,7 @@ class TraceOpenEnv(MCPEnvironment):
 
     def _close_env(self) -> None:
         if self._env is not None:
-            env, self._env, self._made = self._env, None, None
+            env, self._env, self._made, self._inline = self._env, None, None, False
             try:
                 env.close()  # an SWE env removes its sandbox container here
             except Exception:
@@ -407,7 +462,7 @@ class TraceOpenEnv(MCPEnvironment):
         obs = self._step_env({"role": "assistant", "content": "", "tool_calls": [call]})
         return _unwrap_tool_response(obs.text), obs
 
-    def _observation(self, text: str, reward: float, done: bool, info: dict) -> TraceObservation:
+    def _observation(self, text: str, reward: float, done: bool, info: dict, reset: bool = False) -> TraceObservation:
         self._info = info
         if done:
             self._state.done, self._state.reward = True, float(info.get("reward", reward))
@@ -417,11 +472,25 @@ class TraceOpenEnv(MCPEnvironment):
         extra = {k: v for k, v in info.items()
                  if k not in ("messages", "tools", "reward", "reward_breakdown", "success", "termination")}
         breakdown = info.get("reward_breakdown")
+        messages, tools = info.get("messages") or [], info.get("tools") or []
+        # The transcript as a delta against what this client holds: what the env appended since the last
+        # observation. Dumping and sending the whole transcript and the tool schemas on every step was most of
+        # the server's work per step (docs/serve.md, "Speed"). A transcript that is not an extension of what
+        # was sent (an env that rewrote its history) goes whole, from index 0.
+        held = self._sent_messages
+        start = len(held) if (not reset and len(messages) >= len(held) and messages[:len(held)] == held) else 0
+        new = messages[start:] if start else messages
+        self._sent_messages = list(messages)  # a copy: an env may keep appending to the list it returned
+        if reset or self._full or (tools is not self._sent_tools and tools != self._sent_tools):
+            self._sent_tools, send_tools = tools, tools
+        else:
+            send_tools = []
         # model_construct: the fields come from the env (already valid), and validating the whole transcript
         # again on every step costs more than the env's own step.
         return TraceObservation.model_construct(
-            text=text, done=done, reward=reward, messages=info.get("messages") or [],
-            tool_schemas=info.get("tools") or [], env_id=self._state.env_id, seed=self._state.seed,
+            text=text, done=done, reward=reward, messages=messages if reset or self._full else [],
+            new_messages=new, messages_from=start, tool_schemas=send_tools,
+            env_id=self._state.env_id, seed=self._state.seed,
             reward_breakdown=_jsonable(breakdown) if breakdown is not None else None,
             success=info.get("success"), termination=info.get("termination"), metadata=_jsonable(extra))
 
@@ -597,8 +666,13 @@ class _Guard:
             if closed:
                 return {"type": "websocket.disconnect", "code": 1000}
             try:
-                message = await (asyncio.wait_for(receive(), self.idle) if self.idle and accepted else receive())
-            except asyncio.TimeoutError:
+                if self.idle and accepted:
+                    # asyncio.timeout, not wait_for: wait_for wraps every receive in a new task (~10 µs a message).
+                    async with asyncio.timeout(self.idle):
+                        message = await receive()
+                else:
+                    message = await receive()
+            except TimeoutError:
                 return await refuse(4408, "IDLE_TIMEOUT", f"session closed after {self.idle:g} s without a message; "
                                                           "open a new connection")
             if message["type"] == "websocket.receive":
@@ -618,16 +692,19 @@ class _Guard:
 
 def build_app(env_ids: Sequence[str] = (), *, max_sessions: int = DEFAULT_MAX_SESSIONS,
               idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
-              max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None, ui: bool = False):
+              max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None, ui: bool = False,
+              transcript: str = "delta"):
     """The ASGI app of ``trace serve``: OpenEnv's ``create_app`` over :class:`TraceOpenEnv`, behind the guard.
 
     ``env_ids`` limits the ids a session may reset to (empty: every registered id; one id: also the
-    default when reset names none). Returns the guarded ASGI app; the FastAPI app inside is its
+    default when reset names none). ``transcript`` is what a step's observation carries of the transcript
+    when the session's reset does not say: ``delta`` (what is new) or ``full`` (see
+    :class:`TraceObservation`). Returns the guarded ASGI app; the FastAPI app inside is its
     ``.fastapi`` attribute and the live adapters its ``.live`` (what ``/trace/stats`` counts).
     """
     if max_sessions < 1:
         raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
-    config = ServeConfig(env_ids)
+    config = ServeConfig(env_ids, transcript=transcript)
     for env_id in config.env_ids:
         config.check(env_id)  # an unknown id fails at start, not at the first reset
     live = _Live()
@@ -649,7 +726,7 @@ def build_app(env_ids: Sequence[str] = (), *, max_sessions: int = DEFAULT_MAX_SE
         adapters = live.snapshot()
         return {"sessions": len(adapters), "gym_envs": sum(a.gym_env is not None for a in adapters),
                 "max_sessions": int(max_sessions), "idle_timeout_s": idle_timeout_s,
-                "max_message_bytes": int(max_message_bytes), "uptime_s": round(time.time() - started, 3),
+                "max_message_bytes": int(max_message_bytes), "transcript": config.transcript, "uptime_s": round(time.time() - started, 3),
                 "env_ids": list(config.env_ids) or [e.id for e in registered()]}
 
     if ui:
@@ -680,17 +757,17 @@ def build_app(env_ids: Sequence[str] = (), *, max_sessions: int = DEFAULT_MAX_SE
 def serve(env_ids: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 8000,
           max_sessions: int = DEFAULT_MAX_SESSIONS, idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
           max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None, ui: bool = False,
-          ws_compression: bool = False, log_level: str = "info") -> None:
+          ws_compression: bool = False, log_level: str = "info", transcript: str = "delta") -> None:
     """Run the server until SIGINT/SIGTERM (then every session's env is closed).
 
     ``ws_compression`` offers permessage-deflate to WebSocket clients (OpenEnv's client accepts it). Off by
-    default: observations carry the whole transcript, and deflating it costs the server about 0.5 ms a
-    step (several times an env step) to save bandwidth a local or cluster network does not need.
+    default: deflating costs the server CPU on every message to save bandwidth a local or cluster network
+    does not need (with ``transcript="full"``, about 0.5 ms a step: several times an env step).
     """
     import uvicorn
 
     app = build_app(env_ids, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
-                    max_message_bytes=max_message_bytes, token=token, ui=ui)
+                    max_message_bytes=max_message_bytes, token=token, ui=ui, transcript=transcript)
     try:
         # The guard answers oversized messages itself; uvicorn's own cap only stops a flood beyond it.
         # Keep-alive beyond uvicorn's 5 s: a trainer's HTTP session may pause between steps while it generates.
@@ -711,8 +788,22 @@ class TraceEnvClient(EnvClient[TraceAction, TraceObservation, TraceState]):
             result = env.reset(env_id="trace/tau_airline-v0", seed=0)
             result = env.step(TraceAction(message="Hello!"))
 
-    ``step`` also takes a plain assistant message (text or an OpenAI message dict).
+    ``step`` also takes a plain assistant message (text or an OpenAI message dict). The server sends the
+    transcript as a delta; this client rebuilds it, so every observation it returns carries the whole
+    transcript in ``messages`` and the episode's tools in ``tool_schemas``, whatever the session's
+    ``transcript`` mode.
     """
+
+    _transcript: list = []
+    _tools: list = []
+    _resetting = False
+
+    async def _reset_async(self, **kwargs: Any) -> StepResult[TraceObservation]:
+        self._resetting = True  # _parse_result starts the transcript and the tools afresh
+        try:
+            return await super()._reset_async(**kwargs)
+        finally:
+            self._resetting = False
 
     def _step_payload(self, action: Any) -> Dict[str, Any]:
         if not isinstance(action, TraceAction):
@@ -722,6 +813,17 @@ class TraceEnvClient(EnvClient[TraceAction, TraceObservation, TraceState]):
     def _parse_result(self, payload: Dict[str, Any]) -> StepResult[TraceObservation]:
         data = dict(payload.get("observation") or {})
         data = {k: v for k, v in data.items() if k in TraceObservation.model_fields}
+        messages, new, start = data.get("messages"), data.get("new_messages") or [], data.get("messages_from") or 0
+        if self._resetting or messages:  # a reset, or a step of a session with transcript 'full'
+            self._transcript = list(messages or [])
+        else:
+            if start > len(self._transcript):
+                raise RuntimeError(f"the server sent the transcript from message {start} on, and this client holds "
+                                   f"{len(self._transcript)} messages")
+            self._transcript = self._transcript[:start] + list(new)
+        if self._resetting or data.get("tool_schemas"):
+            self._tools = list(data.get("tool_schemas") or [])
+        data["messages"], data["tool_schemas"] = self._transcript, self._tools
         obs = TraceObservation(**data, done=payload.get("done", False), reward=payload.get("reward"))
         return StepResult(observation=obs, reward=payload.get("reward"), done=payload.get("done", False),
                           metadata=payload.get("metadata"))
@@ -776,14 +878,16 @@ class ServerThread:
 def app_from_environment():
     """The app configured by environment variables (for ``uvicorn trace_envs.adapters.openenv_server:app``, the
     ``app`` that ``openenv.yaml`` names): TRACE_SERVE_ENV_IDS (comma-separated), TRACE_SERVE_MAX_SESSIONS,
-    TRACE_SERVE_IDLE_TIMEOUT_S (0: none), TRACE_SERVE_MAX_MESSAGE_BYTES, TRACE_SERVE_TOKEN, TRACE_SERVE_UI."""
+    TRACE_SERVE_IDLE_TIMEOUT_S (0: none), TRACE_SERVE_MAX_MESSAGE_BYTES, TRACE_SERVE_TOKEN, TRACE_SERVE_UI,
+    TRACE_SERVE_TRANSCRIPT (delta or full)."""
     env = os.environ
     ids = [i.strip() for i in env.get("TRACE_SERVE_ENV_IDS", "").split(",") if i.strip()]
     idle = float(env.get("TRACE_SERVE_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S))
     return build_app(ids, max_sessions=int(env.get("TRACE_SERVE_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)),
                      idle_timeout_s=idle or None,
                      max_message_bytes=int(env.get("TRACE_SERVE_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES)),
-                     token=env.get(TOKEN_ENV_VAR) or None, ui=env.get("TRACE_SERVE_UI", "") in ("1", "true", "yes"))
+                     token=env.get(TOKEN_ENV_VAR) or None, ui=env.get("TRACE_SERVE_UI", "") in ("1", "true", "yes"),
+                     transcript=env.get("TRACE_SERVE_TRANSCRIPT", "delta"))
 
 
 def __getattr__(name: str):

@@ -57,7 +57,7 @@ button{cursor:pointer}
 "use strict";
 const token = new URLSearchParams(location.search).get("token");
 const $ = (id) => document.getElementById(id);
-let ws = null, tools = [], done = false;
+let ws = null, tools = [], done = false, transcript = [];
 
 function setError(text) { $("error").textContent = text || ""; }
 function el(tag, cls, text) { const e = document.createElement(tag); if (cls) e.className = cls;
@@ -71,8 +71,11 @@ async function loadEnvs() {
 }
 
 function render(obs) {
+  // The whole transcript comes at reset; a step sends what is new from index messages_from on.
+  transcript = (obs.messages && obs.messages.length) ? obs.messages
+    : transcript.slice(0, obs.messages_from || 0).concat(obs.new_messages || []);
   const box = $("conversation"); box.textContent = "";
-  for (const m of obs.messages) {
+  for (const m of transcript) {
     const d = el("div", "msg " + m.role); d.appendChild(el("span", "role", m.role + (m.name ? " · " + m.name : "")));
     if (m.content) d.appendChild(document.createTextNode(m.content));
     for (const c of (m.tool_calls || [])) {
@@ -145,7 +148,7 @@ function showResult(data) {
 function setRunning(on) { $("call").disabled = !on; $("send").disabled = !on; }
 
 function start() {
-  setError(""); done = false; setRunning(false); $("outcome").textContent = "The episode is running.";
+  setError(""); done = false; transcript = []; setRunning(false); $("outcome").textContent = "The episode is running.";
   if (ws) ws.close();
   const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws" +
     (token ? "?token=" + encodeURIComponent(token) : "");
@@ -157,7 +160,7 @@ function start() {
     if (msg.type !== "observation") return;
     const data = msg.data; render(data.observation);
     $("status").textContent = data.observation.env_id + " · seed " + data.observation.seed +
-      (data.done ? " · ended" : " · step " + data.observation.messages.filter(m => m.role === "assistant").length);
+      (data.done ? " · ended" : " · step " + transcript.filter(m => m.role === "assistant").length);
     if (data.done) { done = true; setRunning(false); showResult(data); } else setRunning(true);
   };
   ws.onclose = () => { if (!done) setRunning(false); };

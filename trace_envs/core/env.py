@@ -78,6 +78,10 @@ class TraceEnv(gym.Env):
             (termination ``repeated_calls``).
         max_output_chars: tool outputs are truncated beyond this.
         compact_tools: show short tool schemas (first sentence, no argument descriptions), for small models.
+        nonblocking_step: True when ``step`` only computes in this process (no network, subprocess,
+            container or disk wait) and returns within about a millisecond; a server (``trace serve``) then
+            runs it on its event loop instead of handing it to a worker thread. Leave it False when in
+            doubt: a step that blocks there stalls every session of the server.
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -86,6 +90,7 @@ class TraceEnv(gym.Env):
     max_repeated_calls: int | None = None
     max_output_chars: int = 20_000
     compact_tools: bool = False
+    nonblocking_step: bool = False
 
     def __init__(self, render_mode: str | None = None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:

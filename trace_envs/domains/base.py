@@ -105,6 +105,8 @@ class TauEnv(TraceEnv):
         if user != "scripted" and not (isinstance(user, dict) and {"base_url", "model"} <= set(user)):
             raise ValueError("user must be 'scripted' or a dict with 'base_url' and 'model' for an LLM user")
         self.user_config = user
+        # The scripted user answers in this process; an LLM user is a network call in step().
+        self.nonblocking_step = user == "scripted"
         if reward_basis is not None and not set(reward_basis) <= {"DB", "COMMUNICATE", "ACTION"}:
             raise ValueError(f"reward_basis must be a subset of DB, COMMUNICATE, ACTION; got {reward_basis}")
         self.reward_basis = tuple(reward_basis) if reward_basis is not None else None

@@ -4,6 +4,7 @@
     trace serve trace/tau_airline-v0 --port 9000 # only this id (also the default at reset)
     trace serve --registry ws/ --max-sessions 16 --idle-timeout 120 --token SECRET
     trace serve --ui                             # and the web playground at /ui
+    trace serve --transcript full                # the whole transcript in every observation
 
 A client opens ``ws://HOST:PORT/ws`` (one env per connection) and resets with an ``env_id`` and
 a ``seed``; see docs/serve.md for each client (OpenEnv's EnvClient and MCPToolClient, a raw
@@ -39,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token", default=None,
                    help="require 'Authorization: Bearer TOKEN' on every request (default: $TRACE_SERVE_TOKEN)")
     p.add_argument("--ui", action="store_true", help="also serve the web playground at /ui")
+    p.add_argument("--transcript", choices=["delta", "full"], default="delta",
+                   help="what a step's observation carries of the transcript when the session's reset does not say: "
+                        "'delta', the messages new this turn (default), or 'full', the whole transcript and the tool "
+                        "schemas on every step (for clients that read them from each observation)")
     p.add_argument("--ws-compression", action="store_true",
                    help="offer permessage-deflate on WebSockets (saves bandwidth on slow links; costs server CPU)")
     p.add_argument("--build-image", action="store_true",
@@ -78,5 +83,5 @@ def cmd_serve(args) -> int:
               "episodes (set --token or TRACE_SERVE_TOKEN)", flush=True)
     serve(args.env_ids, host=args.host, port=args.port, max_sessions=args.max_sessions,
           idle_timeout_s=args.idle_timeout or None, max_message_bytes=args.max_message_bytes, token=token,
-          ui=args.ui, ws_compression=args.ws_compression, log_level=args.log_level)
+          ui=args.ui, ws_compression=args.ws_compression, log_level=args.log_level, transcript=args.transcript)
     return 0
