@@ -38,6 +38,9 @@ class RouterTrainConfig:
         load_balance_coef: weight of the Switch load-balancing loss ((K+1) · Σ f_i P_i per block).
         label_coef: weight of the label loss (cross-entropy of each block's gate toward the episode's
             adapter slot); 0 turns it off.
+        label_from: the tokens the label loss covers: ``"start"`` (every token, the paper's) or
+            ``"first_observation"`` (from the end of the first user message on: before it, every env's
+            conversation reads alike, and a context gate cannot tell them apart).
         accumulate: episodes per optimizer step (each episode is one sequence, without padding).
         max_grad_norm: gradient clipping of the gate parameters.
         seed: shuffling seed.
@@ -48,6 +51,7 @@ class RouterTrainConfig:
     weight_decay: float = 0.0
     load_balance_coef: float = 0.001
     label_coef: float = 0.5
+    label_from: str = "start"
     accumulate: int = 4
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -59,6 +63,8 @@ class RouterTrainConfig:
             raise ComposeError(f"lr must be > 0, got {self.lr}")
         if self.load_balance_coef < 0 or self.label_coef < 0:
             raise ComposeError("loss coefficients must be >= 0")
+        if self.label_from not in ("start", "first_observation"):
+            raise ComposeError(f"label_from must be 'start' or 'first_observation', got {self.label_from!r}")
         if self.accumulate < 1:
             raise ComposeError(f"accumulate must be >= 1, got {self.accumulate}")
 
@@ -85,8 +91,11 @@ def episode_loss(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainCo
     total = next_token + cfg.load_balance_coef * balance
     out = {"next_token": next_token.detach(), "load_balance": balance.detach()}
     if cfg.label_coef > 0 and ep.slot is not None:
-        label = torch.full((len(ep.ids),), ep.slot, device=device)
-        label_loss = torch.stack([torch.nn.functional.cross_entropy(g.float(), label) for g in gate_logits]).mean()
+        start = ep.first_observation if cfg.label_from == "first_observation" else 0
+        start = min(start, len(ep.ids) - 1)
+        label = torch.full((len(ep.ids) - start,), ep.slot, device=device)
+        label_loss = torch.stack([torch.nn.functional.cross_entropy(g[start:].float(), label)
+                                  for g in gate_logits]).mean()
         total = total + cfg.label_coef * label_loss
         out["label"] = label_loss.detach()
     out["loss"] = total
