@@ -158,3 +158,27 @@ def test_the_centre_is_the_mean_context_of_the_data_and_router_training_fits_it(
     episodes = [EncodedTrajectory(ids, [True] * len(ids), ["assistant"] * len(ids), "e", 1, 1) for ids in seqs]
     train_router(m, episodes, RouterTrainConfig(epochs=1, lr=1e-3), progress=False)
     assert torch.allclose(m.context_centers, expected, atol=1e-5)
+
+
+def test_label_from_the_first_observation_leaves_the_tokens_before_it_out_of_the_label_loss(setup):
+    base, adapters, _ = setup
+    from trace_train.compose.data import EncodedTrajectory
+    from trace_train.compose.train import RouterTrainConfig, episode_loss
+
+    m = ComposedModel.build(base, adapters, gate_input="context")
+    scramble_gates(m, scale=8.0)
+    ids = tokens(base, batch=1, seq=40, seed=50)[0].tolist()
+    ep = EncodedTrajectory(ids, [True] * 40, ["assistant"] * 40, "e", 2, first_observation=25)
+    cfg = RouterTrainConfig(label_from="first_observation")
+    with torch.no_grad(), m.recording(logits=True, choices=False) as routers:
+        m(input_ids=torch.tensor([ids]))
+        by_hand = torch.stack([torch.nn.functional.cross_entropy(r.logits[0, 25:].float(),
+                                                                 torch.full((15,), 2)) for r in routers]).mean()
+        everything = torch.stack([torch.nn.functional.cross_entropy(r.logits[0].float(), torch.full((40,), 2))
+                                  for r in routers]).mean()
+    with torch.no_grad():
+        assert episode_loss(m, ep, cfg)["label"] == pytest.approx(float(by_hand), rel=1e-4)
+        assert episode_loss(m, ep, RouterTrainConfig())["label"] == pytest.approx(float(everything), rel=1e-4)
+    assert float(by_hand) != pytest.approx(float(everything), rel=1e-3)
+    with pytest.raises(ComposeError, match="label_from"):
+        RouterTrainConfig(label_from="middle")
