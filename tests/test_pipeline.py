@@ -33,6 +33,7 @@ def _write(tmp_path, text: str):
     ("compose: {options: {train: {lr: 0.01, epoch: 4}}}", "compose.options.train: unknown router training setting(s) "
                                                           "['epoch']; known: accumulate, epochs"),
     ("compose: {options: {train: {epochs: 0}}}", "compose.options.train: epochs must be >= 1"),
+    ("compose: {options: {gate_input: pooled}}", "compose.options.gate_input: 'pooled' is not one of token, context"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:

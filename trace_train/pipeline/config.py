@@ -323,7 +323,8 @@ class ComposeSection:
         per_episode: also report per-episode routing (one adapter chosen from the first observation).
         options: further keyword arguments of :func:`trace_train.compose.compose`; ``train`` holds the
             router's training settings (:class:`trace_train.compose.RouterTrainConfig` fields: ``lr``,
-            ``epochs``, ``label_coef``, ...).
+            ``epochs``, ``label_coef``, ``label_from``, ...); ``gate_input: context`` gives the gates the
+            conversation so far (for the tiny models, whose token states do not carry the task).
     """
 
     top_k: int = 1
@@ -337,6 +338,10 @@ class ComposeSection:
         _at_least("compose.router_seeds", self.router_seeds, 1)
         for m in self.merges:
             _choice("compose.merges[]", m, ("linear", "ties"))
+        if "gate_input" in self.options:
+            from ..compose.model import GATE_INPUTS
+
+            _choice("compose.options.gate_input", self.options["gate_input"], GATE_INPUTS)
         if "train" in self.options:  # the router's settings: checked now, not after the adapters have trained
             from ..compose.adapters import ComposeError
             from ..compose.api import router_config
