@@ -61,7 +61,8 @@ def run_dir(tmp_path):
     # Where the MoE's router sent each family's tokens (the evaluate stage writes it beside the episodes).
     (run / "eval" / "trace_moe" / "routing_by_family.csv").write_text(
         "env_id,role,tokens,base,cap_a,cap_b\n"
-        "f1,all,900,0.1,0.8,0.1\nf1,assistant,300,0.0,1.0,0.0\nf2,all,800,0.2,0.1,0.7\nf3,all,700,0.9,0.05,0.05\n")
+        "f1,all,900,0.1,0.8,0.1\nf1,assistant,300,0.1,0.8,0.1\nf1,system,600,0.5,0.5,0.0\n"
+        "f2,assistant,800,0.2,0.1,0.7\nf3,assistant,700,0.9,0.05,0.05\nf3,all,2000,0.3,0.3,0.4\n")
     results["methods"]["trace_moe"]["routing_by_family"] = "routing_by_family.csv"
     (run / "eval" / "results.json").write_text(json.dumps(results))
     env = lambda agent, rate: [{"env_id": "gen/cap_a-v0", "seed": s, "sample": 0, "agent": agent,  # noqa: E731

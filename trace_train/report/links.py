@@ -183,8 +183,10 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
 
 
 def _routing_shares(run: Path, moe: dict) -> dict[str, dict[str, float]]:
-    """Family -> {slot: share of the family's tokens} over all roles and blocks, from the MoE's
-    ``routing_by_family.csv`` (written beside its episodes by the evaluate stage); {} when absent."""
+    """Family -> {slot: share of the family's assistant tokens} over the blocks, from the MoE's
+    ``routing_by_family.csv`` (written beside its episodes by the evaluate stage); {} when absent. The tokens
+    the agent writes are the ones its choices rest on; the system prompt, the same in every family, would
+    otherwise outweigh them."""
     import csv
 
     name, traj = moe.get("routing_by_family"), moe.get("trajectories")
@@ -194,7 +196,7 @@ def _routing_shares(run: Path, moe: dict) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            if row.get("role") == "all":
+            if row.get("role") == "assistant":
                 out[row["env_id"]] = {k: float(v) for k, v in row.items() if k not in ("env_id", "role", "tokens")}
     return out
 
@@ -289,7 +291,7 @@ def links_section(doc, links: dict) -> None:
         slots = list(next(iter(routing.values())))
         doc.table(["family", *slots], [[f, *(f"{shares.get(s, 0.0):.2f}" for s in slots)]
                                        for f, shares in sorted(routing.items())],
-                  "L4: where the MoE's router sent each target family's tokens (share per slot, all roles, "
+                  "L4: where the MoE's router sent each target family's assistant tokens (share per slot, "
                   "averaged over the blocks), on the evaluation's own episodes.")
     l2 = [r for r in links["L2"]["rows"] if r.get("delta")]
     if l2:
