@@ -595,7 +595,9 @@ def embedded_default(**overrides: Any) -> RunConfig:
 
     The time the shipped base saves goes to training and evaluation: each adapter and baseline trains for
     6 minutes of GRPO (two at a time, on the fast decode path: a step of 8 episodes costs ~5 s here) and
-    every method is evaluated on 100 held-out seeds, so the intervals can separate methods. Both cores
+    every method is evaluated on 100 held-out seeds, so the intervals can separate methods. The composer's
+    gates read the conversation so far (``gate_input: context``): the tiny model's token states do not carry
+    the task, and the paper's token gate left every token on the base. Both cores
     work: the base's rollouts in two processes, the adapters and baselines two at a time, and the methods
     evaluated two at a time, each process on one torch thread (the fastest for this model).
     ``docs/demo/`` holds the report of a run; ``docs/demo.md`` says what it reached.
@@ -614,7 +616,11 @@ def embedded_default(**overrides: Any) -> RunConfig:
                   "options": {"group_size": 4, "groups_per_step": 2, "learning_rate": 1.0e-3, "temperature": 1.0,
                               "max_turn_tokens": 160, "calibration_groups": 0, "env_kwargs": {"difficulty": 1},
                               "max_tool_calling_iterations": 10, "save_steps": 5}},
-        "compose": {"router_seeds": 8},
+        # Context gates, centred, label loss from the request on (docs/compose.md): the paper's token gate at
+        # its learning rate left every token on the base (the MoE was the base); this router sends 99% of the
+        # flight-status answers' tokens to that capability's adapter.
+        "compose": {"router_seeds": 8, "options": {"gate_input": "context", "train": {
+            "lr": 0.01, "epochs": 10, "accumulate": 2, "label_from": "first_observation"}}},
         "evaluate": {"seeds": "0:100", "in_flight": 50, "workers": 2},
     }
     return config_from_dict(data, **overrides)

@@ -45,6 +45,9 @@ GRPO_FAST_SPEEDUP = 3.65
 SECONDS_PER_GRPO_STEP_TINY_FAST = SECONDS_PER_GRPO_STEP_TINY / GRPO_FAST_SPEEDUP
 SECONDS_PER_SFT_STEP_TINY = 1.2       # bench/bootstrap_curve.py: 484 warm-up steps of the tiny model in 9 min
 SECONDS_PER_ROUTER_RUN_TINY = 15.0    # gates over 2 adapters on 16 oracle episodes, with the merges: 16 s
+#: One router optimizer step beyond the 12 of the default settings (3 epochs of 16 episodes by 4): the embedded
+#: default's 80 steps (10 epochs by 2) made the compose stage 122 s against 27 s for 12 (this session's machine).
+SECONDS_PER_ROUTER_STEP_TINY = 1.4
 #: Warm-up steps on two torch threads against one: the default's 1200 steps in 812 s on 2 threads, its
 #: earlier 800 steps in 927 s on one (the same machine: 0.68 s against 1.16 s a step).
 SFT_TWO_THREAD_SPEEDUP = 1.7

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import (SECONDS_PER_ROUTER_RUN_TINY, SECONDS_PER_SCRIPTED_EPISODE, _str, base_model_path, capability_envs,
-                     model_env_kwargs_fn)
+from .common import (SECONDS_PER_ROUTER_RUN_TINY, SECONDS_PER_ROUTER_STEP_TINY, SECONDS_PER_SCRIPTED_EPISODE, _str,
+                     base_model_path, capability_envs, model_env_kwargs_fn)
 
 
 def _adapters(ctx) -> dict[str, str]:
@@ -52,7 +52,15 @@ def run_compose(ctx) -> tuple[list[str], dict]:
 
 
 def estimate_compose(ctx) -> tuple[float | None, str]:
+    import math
+
+    from trace_train.compose.api import router_config
+    from trace_train.compose.train import RouterTrainConfig
+
     c = ctx.cfg.compose
     k = len(_adapters(ctx)) or ctx.cfg.diagnose.max_capabilities
-    return (SECONDS_PER_ROUTER_RUN_TINY + 10 * len(c.merges) + k * c.router_seeds * SECONDS_PER_SCRIPTED_EPISODE,
-            f"router over {k} adapters, {len(c.merges)} merges")
+    router = router_config((c.options or {}).get("train")) or RouterTrainConfig()
+    steps = router.epochs * math.ceil(k * c.router_seeds / router.accumulate)
+    return (SECONDS_PER_ROUTER_RUN_TINY + max(0, steps - 12) * SECONDS_PER_ROUTER_STEP_TINY + 10 * len(c.merges)
+            + k * c.router_seeds * SECONDS_PER_SCRIPTED_EPISODE,
+            f"router over {k} adapters ({steps} steps), {len(c.merges)} merges")
