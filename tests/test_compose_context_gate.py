@@ -12,20 +12,9 @@ pytest.importorskip("peft")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from test_compose import ENV, make_adapter, scramble_gates, tokens  # noqa: E402
+# test_compose's module fixture `setup` (the nano base and its K adapters) serves these tests too.
+from test_compose import K, scramble_gates, setup, tokens  # noqa: E402,F401
 from trace_train.compose import ComposedModel, ComposeError  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    torch.set_num_threads(1)
-    from trace_train.tiny.build import build_model
-
-    root = tmp_path_factory.mktemp("context_gate")
-    base = str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model", env_ids=[ENV],
-                           corpus_seeds=4).path)
-    adapters = {f"cap{k}": make_adapter(base, root / f"cap{k}", seed=k, r=4) for k in range(2)}
-    return base, adapters, root
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +37,9 @@ def test_context_gates_read_twice_the_hidden_size_and_route_tokens_over_every_sl
     base, _, _ = setup
     hidden = AutoModelForCausalLM.from_pretrained(base).config.hidden_size
     assert all(g.in_features == 2 * hidden for g in model.gates)
-    assert model.gate_parameter_count() == len(model.gates) * (2 * hidden + 1) * 3
+    assert model.gate_parameter_count() == len(model.gates) * (2 * hidden + 1) * (K + 1)
     _, picks = choices(model, tokens(base, batch=4, seq=40))
-    assert set(torch.cat([c.flatten() for c in picks]).tolist()) == {0, 1, 2}
+    assert set(torch.cat([c.flatten() for c in picks]).tolist()) == set(range(K + 1))
 
 
 def test_a_token_is_routed_on_what_came_before_it_not_after(setup, model):
