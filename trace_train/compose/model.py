@@ -15,8 +15,9 @@ the gate weights near zero, so a fresh composed model routes every token to the 
 What the gate reads (``gate_input``). ``"token"`` is the paper's gate: the block input at the token. On a
 model as shallow as the tiny CPU presets that input carries the token and the few before it, not the task,
 so a gate cannot tell a flight-status conversation from a cancellation (measured: docs/compose.md).
-``"context"`` concatenates the causal mean of the block's (normalised) inputs over the sequence so far: the
-choice is still per token and top-1, but it can rest on what the conversation is about. The mean is exact
+``"context"`` concatenates the causal mean of the block's (normalised) inputs over the sequence so far,
+centred on the router data's mean context (:meth:`ComposedModel.fit_context_centers`): the choice is still
+per token and top-1, but it can rest on what the conversation is about. The mean is exact
 under a KV cache: each block keeps the running sum and count of its rows between the forwards of one
 ``generate`` (left padding excluded through the attention mask), so a context-gated model needs the whole
 sequence from its first token in one generation (no prefix cache across calls; see :attr:`ComposedModel.stateful_routing`).
