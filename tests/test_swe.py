@@ -157,6 +157,21 @@ def test_sandbox_limits_and_timeouts(minicalc):
         assert box.run("echo still alive").output.strip() == "still alive"
 
 
+def test_a_sandbox_whose_harness_file_comes_late_still_starts_clean(minicalc):
+    """On a loaded machine the container's main process can create the harness's output file after the first
+    command arrives; the sandbox waits for it instead of reading a failed copy as a full process table."""
+    from trace_envs.swe.sandbox import DockerSandbox
+
+    class SlowStart(DockerSandbox):
+        def _run_container(self, image, main, *args, **kwargs):
+            return super()._run_container(image, "sleep 1.5 && " + main, *args, **kwargs)
+
+    with SlowStart(minicalc.image()) as box:
+        listing = box.run("ls")
+        assert listing.exit_code == 0 and not listing.notes and "tests" in listing.output.split()
+        assert box.run("echo ok").output.strip() == "ok"
+
+
 def test_validation_in_docker_for_real(minicalc):
     from trace_envs.swe.mutations import sample_mutations
     from trace_envs.swe.sandbox import DockerSandbox

@@ -450,9 +450,17 @@ class DockerSandbox(Sandbox):
     harness = DOCKER_HARNESS
 
     def _populate(self) -> None:
-        """Copy the clean tree from the image into the repository's tmpfs (a few ms for these repositories)."""
-        res = self.run(f"for i in $(seq 100); do test -w {OUTPUT_FILE} && break; sleep 0.01; done; "
-                       f"cp -R --preserve=mode,timestamps,links {IMAGE_LAYOUT['clean']}/. {WORKDIR}/", timeout=60)
+        """Copy the clean tree from the image into the repository's tmpfs (a few ms for these repositories).
+
+        The container's main process creates the harness's output file after the start; every wrapped
+        command redirects into it, so the first one waits for it here, outside the wrapper (inside, the
+        redirect has already failed: under load that read as an empty, failed copy)."""
+        mark = f"{self._MARK}{uuid.uuid4().hex[:16]}"
+        text = self._exchange(f"__i=0; while [ $__i -lt 3000 ] && ! [ -w {OUTPUT_FILE} ]; do sleep 0.01; "
+                              f"__i=$((__i+1)); done; [ -w {OUTPUT_FILE} ]; echo {mark} $?\n", mark + " ", 60)
+        if self._exit_code(text.rpartition(mark + " ")[2]) != 0:
+            raise SandboxError(f"the sandbox's harness file {OUTPUT_FILE} was not created within 30 s of the start")
+        res = self.run(f"cp -R --preserve=mode,timestamps,links {IMAGE_LAYOUT['clean']}/. {WORKDIR}/", timeout=60)
         if res.exit_code != 0:
             raise SandboxError(f"could not copy the repository into the sandbox: {res.output[-500:]}")
 
@@ -623,7 +631,7 @@ class DockerSandbox(Sandbox):
                 f"[ \"${{__p#/proc/}}\" != $$ ] && {{ __left=1; break; }}; done; [ -z \"$__left\" ] && break; "
                 f"kill -9 -1 2>/dev/null; sleep 0.02 2>/dev/null; __k=$((__k+1)); done; "
                 f"{oom % '__m1'}; {pids % '__p1'}; "
-                f"__n=$(stat -c %s {OUTPUT_FILE}); __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
+                f"__n=$(stat -c %s {OUTPUT_FILE} 2>/dev/null); __n=${{__n:-0}}; __df=$(stat -f -c '%b:%a:%S' {' '.join(WRITABLE_MOUNTS)} 2>/dev/null); "
                 f"if [ \"$__n\" -gt {max_output} ]; then head -c {half} {OUTPUT_FILE}; echo; echo {mark}CUT; "
                 f"tail -c {half} {OUTPUT_FILE}; else cat {OUTPUT_FILE}; fi; echo; {extra}"
                 f"echo {mark} $__trc $__t0 $__t1 $__m0 $__m1 $__n $__p0 $__p1 $__df")
