@@ -48,6 +48,30 @@ def test_the_cli_reports_a_config_error_on_one_line(tmp_path, capsys):
     assert "compose.top_k must be >= 1, got 0" in err and "Traceback" not in err
 
 
+def test_set_changes_one_field_of_a_config_and_checks_it_like_the_file(tmp_path):
+    path = _write(tmp_path, "seed: 0\ntrain: {options: {seed: 0, group_size: 4}}\nevaluate: {seeds: '0:200'}\n")
+    cfg = load_config(path, ["seed=1", "train.options.seed=1", "evaluate.seeds=200:400", "compose.top_k=2"])
+    assert cfg.seed == 1 and cfg.compose.top_k == 2 and cfg.evaluate.seeds == "200:400"
+    assert cfg.train.options == {"seed": 1, "group_size": 4}  # the sibling option is kept
+    assert load_config(path).seed == 0  # the file itself is untouched
+    assert embedded_default(["evaluate.seeds=0:10"]).evaluate.seeds == "0:10"
+    with pytest.raises(ConfigError, match="train.max_step: unknown key; did you mean max_steps"):
+        load_config(path, ["train.max_step=3"])
+    with pytest.raises(ConfigError, match="use KEY=VALUE"):
+        load_config(path, ["seed"])
+    with pytest.raises(ConfigError, match="seed is 0, not a section"):
+        load_config(path, ["seed.x=1"])
+
+
+def test_the_cli_takes_set_before_the_plan(tmp_path, capsys):
+    cfg = _write(tmp_path, f"out: {tmp_path / 'run'}\nbase: {json.dumps(SCRIPTED)}\n"
+                           "rollout: {seeds: '1000:1040'}\ntrain: {model: /nonexistent}\n")
+    assert main(["run", str(cfg), "--dry-run", "--set", "rollout.seeds=1000:1010"]) == 0
+    assert "10 episodes" in capsys.readouterr().out
+    assert main(["run", str(cfg), "--dry-run", "--set", "compose.top_k=0"]) == 2
+    assert "compose.top_k must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_the_embedded_default_is_valid_and_cpu_only():
     cfg = embedded_default()
     assert cfg.base.kind == "tiny" and cfg.base.device == "cpu"
@@ -59,13 +83,18 @@ def test_the_shipped_example_configs_load():
     from pathlib import Path
 
     configs = sorted((Path(__file__).parent.parent / "examples" / "configs").glob("*.yaml"))
-    assert {p.name for p in configs} >= {"cpu_default.yaml", "gpu_qwen3.yaml", "openai_endpoint.yaml", "swe.yaml"}
+    assert {p.name for p in configs} >= {"cpu_default.yaml", "cpu_headline.yaml", "gpu_qwen3.yaml",
+                                         "openai_endpoint.yaml", "swe.yaml"}
     for path in configs:
         cfg = load_config(path)
         assert cfg.rollout.targets
     # The CPU example is the embedded default, written out.
     cpu = load_config(configs[[p.name for p in configs].index("cpu_default.yaml")]).to_dict()
     assert cpu == embedded_default().to_dict()
+    # The headline recipe starts from the shipped base (installed, not warmed up) and holds its seeds out.
+    headline = load_config(configs[[p.name for p in configs].index("cpu_headline.yaml")])
+    assert headline.to_dict()["base"] == embedded_default().to_dict()["base"]
+    assert len(range(*map(int, headline.evaluate.seeds.split(":")))) >= 200
 
 
 def test_dry_run_prints_the_plan_with_estimates_and_runs_nothing(tmp_path, capsys):

@@ -6,6 +6,7 @@
     trace run CONFIG --from train               # re-run train and everything after it
     trace run CONFIG --until diagnose           # stop after the diagnosis
     trace run CONFIG --out runs/other           # another run directory
+    trace run CONFIG --set seed=1 --set evaluate.seeds=200:400   # one field changed, the file untouched
     trace run CONFIG --ray auto                 # every rollout on the actors of this machine's Ray cluster
 
 Everything goes into one run directory (``stages.json``, one folder per stage, ``report.md`` and a
@@ -30,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="from_stage", metavar="STAGE",
                    help="re-run this stage and every later one (base, rollout, diagnose, generate, train, compose, "
                         "evaluate)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="set one config field (dotted key, YAML value), e.g. --set train.options.seed=1; "
+                        "repeatable, applied in order before the config is checked")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (the report is still written)")
     p.add_argument("--dry-run", action="store_true", help="print the plan with a time estimate per stage, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -37,11 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def load_run_config(path: str | None, out: str | None):
+def load_run_config(path: str | None, out: str | None, settings: list[str] | None = None):
     from trace_train.pipeline.config import ConfigError, embedded_default, load_config
 
+    settings = list(settings or [])
     try:
-        return load_config(path, out=out) if path else embedded_default(out=out)
+        return load_config(path, settings, out=out) if path else embedded_default(settings, out=out)
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
 
@@ -50,7 +55,7 @@ def cmd_run(args) -> int:
     from trace_train.pipeline import Pipeline, PipelineError, format_plan
     from trace_train.pipeline.config import ConfigError
 
-    cfg = load_run_config(args.config, args.out)
+    cfg = load_run_config(args.config, args.out, args.settings)
     if args.ray is not None:  # every rollout of the run on Ray actors; the stages' fingerprints do not change
         cfg.rollout.engine = "ray"
         if args.ray:

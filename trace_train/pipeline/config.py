@@ -22,6 +22,7 @@ as the base agent, the τ² airline target, offline analysis and generation, sma
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -547,16 +548,49 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def config_from_dict(data: dict | None, **overrides: Any) -> RunConfig:
-    """A validated :class:`RunConfig` from a parsed YAML mapping; ``overrides`` set top-level keys (e.g. ``out``)."""
+def apply_settings(data: dict, settings: list[str] | tuple[str, ...]) -> dict:
+    """``data`` with each ``KEY=VALUE`` of ``settings`` applied (``trace run --set``), in order.
+
+    ``KEY`` is a dotted path (``train.options.seed``); ``VALUE`` is read as YAML (``1`` an int, ``0:200`` a
+    string, ``[a, b]`` a list, ``null`` None). Mappings on the path are created where missing; a path through a
+    value that is not a mapping is an error. The result is validated like any config, so a misspelt key fails
+    with the same message as in a file.
+    """
+    import yaml
+
+    data = copy.deepcopy(data)
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: use KEY=VALUE with a dotted KEY, e.g. --set train.options.seed=1")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
+        parts = key.strip().split(".")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[:i + 1])} is {child!r}, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict | None, settings: list[str] | tuple[str, ...] = (), **overrides: Any) -> RunConfig:
+    """A validated :class:`RunConfig` from a parsed YAML mapping; ``overrides`` set top-level keys (e.g. ``out``),
+    ``settings`` are ``KEY=VALUE`` strings with dotted keys (:func:`apply_settings`, applied first)."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"the config must be a mapping of sections (base:, rollout:, ...), got {type(data).__name__}")
-    data = dict(data or {})
+    data = apply_settings(dict(data or {}), settings)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return _build(RunConfig, data, "").validate()
 
 
-def load_config(path: str | Path, **overrides: Any) -> RunConfig:
+def load_config(path: str | Path, settings: list[str] | tuple[str, ...] = (), **overrides: Any) -> RunConfig:
     """Read and validate a run's YAML file (see the module docstring and ``examples/configs/``)."""
     import yaml
 
@@ -568,7 +602,7 @@ def load_config(path: str | Path, **overrides: Any) -> RunConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     try:
-        return config_from_dict(data, **overrides)
+        return config_from_dict(data, settings, **overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -580,7 +614,7 @@ def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
 
 
-def embedded_default(**overrides: Any) -> RunConfig:
+def embedded_default(settings: list[str] | tuple[str, ...] = (), **overrides: Any) -> RunConfig:
     """The run ``trace run`` does with no config: the whole loop on CPU with the tiny model, small real budgets.
 
     The base agent is the ``tiny`` model warmed up for 1200 SFT steps on one torch thread on the airline
@@ -623,4 +657,4 @@ def embedded_default(**overrides: Any) -> RunConfig:
             "lr": 0.01, "epochs": 10, "accumulate": 2, "label_from": "first_observation"}}},
         "evaluate": {"seeds": "0:100", "in_flight": 50, "workers": 2},
     }
-    return config_from_dict(data, **overrides)
+    return config_from_dict(data, settings, **overrides)
