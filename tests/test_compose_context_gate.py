@@ -110,7 +110,7 @@ def test_generate_matches_with_and_without_padding_and_a_stray_continuation_is_r
         fresh(input_ids=a[:, 10:11], use_cache=True, **{kwarg: foreign})
 
 
-def test_the_folder_keeps_the_gate_input_and_agents_read_whole_sequences(setup, model, tmp_path):
+def test_the_folder_keeps_the_gate_input_and_agents_keep_no_cache_between_turns(setup, model, tmp_path):
     base, _, _ = setup
     model.save_pretrained(tmp_path / "moe")
     loaded = ComposedModel.from_pretrained(tmp_path / "moe")
@@ -122,9 +122,13 @@ def test_the_folder_keeps_the_gate_input_and_agents_read_whole_sequences(setup, 
     from trace_train.agents import HFAgent
     from trace_train.tiny import fast_decode
 
-    assert not fast_decode.supported(loaded)[0]
-    agent = HFAgent(str(tmp_path / "moe"), temperature=0.0, max_new_tokens=4)
-    assert agent.decode == "hf" and agent.prefix_cache is False
+    # The fast loop carries the running sums itself (tests/test_fast_decode.py); neither path keeps keys and
+    # values between turns for such a model, since they would come without the sums.
+    assert fast_decode.supported(loaded)[0]
+    agent = HFAgent(str(tmp_path / "moe"), temperature=0.0, max_new_tokens=4, decode="fast")
+    assert agent.decode == "fast" and agent.prefix_cache is False and agent.decoder.store.limit == 0
+    assert HFAgent(str(tmp_path / "moe"), temperature=0.0, max_new_tokens=4, decode="hf").prefix_cache is False
+    assert fast_decode.FastDecoder(loaded, store_limit=64).store.limit == 0
     with pytest.raises(ComposeError, match="gate_input"):
         ComposedModel.build(base, setup[1], gate_input="pooled")
 

@@ -147,10 +147,13 @@ def _lora(model, seed=0):
     return peft_model
 
 
-@pytest.mark.parametrize("top_k", [1, 2])
-def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k):
+@pytest.mark.parametrize("top_k, gate_input", [(1, "token"), (2, "token"), (1, "context")])
+def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_input):
     """A token-level MoE (two LoRA experts, gates that send tokens to every slot) on the fast path: the tokens
-    of its own ``generate``, except at a float-rounding tie, as for the plain model."""
+    of its own ``generate``, except at a float-rounding tie, as for the plain model. With context gates (each
+    gate also reads the centred running mean of its block's inputs) the loop carries each row's running sums
+    through the shared prefix, the row's own prompt and every generated token; a second turn re-encodes its
+    prompt after the shared prefix (the store keeps no sums) and still decodes like ``generate``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -163,24 +166,38 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k):
         peft_model = _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1)
         peft_model.save_pretrained(tmp_path / name)
         adapters[name] = str(tmp_path / name)
-    composed = ComposedModel.build(path, adapters, top_k=top_k).eval()
+    composed = ComposedModel.build(path, adapters, top_k=top_k, gate_input=gate_input).eval()
+    eos = _eos(tok)
+    _, prompts = _first_prompts(tok, range(8))
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for g in composed.gates:  # a trained-like router: every slot wins some tokens
             g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * 0.5)
             g.bias.zero_()
+        if gate_input == "context":
+            composed.fit_context_centers(prompts[:2])
+            assert float(composed.context_centers.abs().sum()) > 0
+            hidden = composed.context_centers.shape[1]
+            for g in composed.gates:  # the context half decides: the task, not the token, picks the slot
+                g.weight[:, hidden:].mul_(4.0)
     assert auto_applies(composed)
-    eos = _eos(tok)
-    _, prompts = _first_prompts(tok, range(8))
     composed.keep_choices = True
     with torch.no_grad():
         composed(input_ids=torch.tensor([prompts[0]]))
     used = set(torch.cat([r.choice.flatten() for r in composed.routers]).tolist())
     composed.keep_choices = False
     assert used == {0, 1, 2}, used
-    got = [g.tokens for g in FastDecoder(composed).generate(prompts, 16, eos)]
+    decoder = FastDecoder(composed)
+    got = [g.tokens for g in decoder.generate(prompts, 16, eos)]
     want = [_generate_reference(composed, p, eos, 16) for p in prompts]
     assert _same_but_ties(composed, prompts, got, want) >= 6
+    if gate_input == "context":  # a second turn over the first: the same decoder, longer prompts
+        nxt = [p + w + tok("<|im_end|>\n<|im_start|>user\nPlease go on.<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False)["input_ids"] for p, w in zip(prompts, want)]
+        got = [g.tokens for g in decoder.generate(nxt, 16, eos)]
+        assert not decoder.store.entries  # no keys/values kept between turns: their running sums are not stored
+        want = [_generate_reference(composed, p, eos, 16) for p in nxt]
+        assert _same_but_ties(composed, nxt, got, want) >= 6
     with composed.force_routing(1):  # forced (per-episode) routing keeps generate()
         assert not auto_applies(composed)
 

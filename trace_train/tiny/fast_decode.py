@@ -10,7 +10,9 @@ decodes the same model with:
   gate/up fused into one matrix each), and a forward of a few dozen torch ops per token; a token-level
   composed model (:class:`trace_train.compose.ComposedModel`) keeps its gates and routed experts apart, each
   block routing its tokens as the composer's own forward does (every expert stacked and masked by the
-  tokens' gating weights, which at a few experts of rank 8-16 costs less than grouping the tokens);
+  tokens' gating weights, which at a few experts of rank 8-16 costs less than grouping the tokens); with
+  context gates, each row carries the running sum of every block's normalised inputs, as the composer's
+  :class:`~trace_train.compose.model.BlockRouter` does under a KV cache;
 * the prefix the rows of a batch share (the policy and tool schemas, and a group's common first prompt) held
   once and attended by every row together ("shared-prefix attention": one matmul over the prefix for all
   rows, a second over each row's own tokens, one softmax over both);
@@ -80,8 +82,7 @@ def _check(model: Any) -> None:
     if _is_composed(model) and (model.routing != "token" or model.forced is not None):
         # One adapter per episode differs per row, so the rows of a batch could not share the prefix's keys.
         raise Unsupported("per-episode (forced) routing")
-    if _is_composed(model) and getattr(model, "gate_input", "token") != "token":
-        # Its gates read a running mean over the sequence, which this loop's per-row caches do not keep.
+    if _is_composed(model) and getattr(model, "gate_input", "token") not in ("token", "context"):
         raise Unsupported(f"{model.gate_input} gates")
     base = _base_model(model)
     config = getattr(base, "config", None)
@@ -177,6 +178,7 @@ class _Router:
     o: _Routed | None
     gu: _Routed | None
     d: _Routed | None
+    center: Any = None  # context gates: the block's context centre [hidden] (float32); None for token gates
 
 
 @dataclass
@@ -256,7 +258,9 @@ def read_weights(model: Any) -> _Weights:
                                      qkv=_routed([att.q_proj, att.k_proj, att.v_proj], model.num_experts),
                                      o=_routed([att.o_proj], model.num_experts),
                                      gu=_routed([mlp.gate_proj, mlp.up_proj], model.num_experts),
-                                     d=_routed([mlp.down_proj], model.num_experts))))
+                                     d=_routed([mlp.down_proj], model.num_experts),
+                                     center=model.context_centers[li].detach().float()
+                                     if getattr(model, "gate_input", "token") == "context" else None)))
         lm_w, lm_b = _linear(base.lm_head)
         rotary = base.model.rotary_emb
         embed = base.model.embed_tokens.weight.detach()
@@ -278,6 +282,7 @@ class _Prefix:
     tokens: Any  # 1-D long tensor
     keys: list[Any]
     values: list[Any]
+    sums: list[Any] | None = None  # context gates: per layer, the sum of its normalised block inputs [hidden]
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -374,7 +379,11 @@ class FastDecoder:
     def __init__(self, model: Any, store_limit: int = 128) -> None:
         _check(model)
         self.model = model
-        self.store = KVStore(limit=store_limit)
+        # Context gates route each token on the running mean of every earlier token's block inputs: the store
+        # keeps keys and values, not those sums at every position, so such a model re-encodes each prompt after
+        # the batch's shared prefix (whose sums the prefill computes).
+        self.context = _is_composed(model) and getattr(model, "gate_input", "token") == "context"
+        self.store = KVStore(limit=0 if self.context else store_limit)
         self._weights: _Weights | None = None
         self._rope: tuple[Any, Any] | None = None
 
@@ -415,21 +424,41 @@ class FastDecoder:
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self._weights.eps)
         return weight * x.to(dtype)
 
-    def _route(self, layer: _Layer, h):
+    def _route(self, layer: _Layer, h, context=None):
         """A composed model's gating weights of this block for the tokens ``h [..., hidden]`` (the block's input):
         ``[..., K]``, the chosen slots' softmax probabilities and zeros elsewhere (slot 0, the base, dropped), as
-        :class:`trace_train.compose.model.BlockRouter` computes them. None for a plain model."""
+        :class:`trace_train.compose.model.BlockRouter` computes them. None for a plain model. ``context``: for
+        context gates, the tokens' centred context (:meth:`_context`)."""
         import torch
         import torch.nn.functional as F
 
         r = layer.router
         if r is None:
             return None
-        x = h.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        x = _unit_rms(h.float())
+        if r.center is not None:
+            x = torch.cat([x, context], dim=-1)
         probs = torch.softmax(F.linear(x.to(r.gate_w.dtype), r.gate_w, r.gate_b).float(), dim=-1).to(h.dtype)
         weights, slots = probs.topk(r.top_k, dim=-1)
         return torch.zeros_like(probs).scatter_add_(-1, slots, weights)[..., 1:]
+
+    @staticmethod
+    def _context(layer: _Layer, h, sums, counts):
+        """Context gates: (the centred context of each token of ``h [..., n, hidden]``, the running sums after
+        them). ``sums [..., hidden]`` is the sum of the block's normalised inputs before these tokens and ``counts``
+        (a number, or ``[...]``) how many tokens it covers; the context of a token is the RMS-normalised mean over
+        every token up to it, less the block's centre, normalised again (``BlockRouter.context``)."""
+        import torch
+
+        if layer.router is None or layer.router.center is None:
+            return None, sums
+        x = _unit_rms(h.float())
+        n = x.shape[-2]
+        cums = torch.cumsum(x, dim=-2) + sums.unsqueeze(-2)
+        steps = torch.arange(1, n + 1, device=x.device, dtype=x.dtype)
+        counts = torch.as_tensor(counts, device=x.device, dtype=x.dtype)
+        mean = _unit_rms(cums / (counts.unsqueeze(-1) + steps).unsqueeze(-1))
+        return _unit_rms(mean - layer.router.center), cums[..., -1, :]
 
     @staticmethod
     def _delta(routed: _Routed | None, x, route):
@@ -491,25 +520,30 @@ class FastDecoder:
         w = self._weights
         return F.linear(self._norm(h, w.norm), w.lm_head, w.lm_bias)
 
-    def _prefill(self, tokens, past: list[tuple[Any, Any]], start: int, prefix: _Prefix | None = None):
+    def _prefill(self, tokens, past: list[tuple[Any, Any]], start: int, prefix: _Prefix | None = None,
+                 sums: list[Any] | None = None):
         """Encode ``tokens`` (1-D) at positions ``start..`` over ``past`` (per layer k/v ``[kv, start - P, D]``, after
-        ``prefix`` of length P); returns (the new tokens' k/v per layer, logits of the last token)."""
+        ``prefix`` of length P); returns (the new tokens' k/v per layer, logits of the last token, per layer the
+        running sum of the normalised block inputs after them: context gates only, else None). ``sums``: those
+        sums over the ``start`` tokens before (context gates; default zeros)."""
         import torch
         import torch.nn.functional as F
 
         w = self._weights
         n = int(tokens.numel())
+        if self.context and sums is None:
+            sums = [torch.zeros(w.embed.shape[1], dtype=torch.float32, device=w.device) for _ in w.layers]
         if n > PREFILL_CHUNK:  # bound the [n, context] score matrix: encode in chunks, each over the ones before
             pieces: list[list[tuple[Any, Any]]] = []
             acc = list(past)
             for at in range(0, n, PREFILL_CHUNK):
-                piece_kv, logits = self._prefill(tokens[at:at + PREFILL_CHUNK], acc, start + at, prefix)
+                piece_kv, logits, sums = self._prefill(tokens[at:at + PREFILL_CHUNK], acc, start + at, prefix, sums)
                 pieces.append(piece_kv)
                 acc = [(nk if pk is None else torch.cat([pk, nk], dim=1), nv if pv is None else torch.cat([pv, nv], dim=1))
                        for (pk, pv), (nk, nv) in zip(acc, piece_kv)]
             new_kv = [(torch.cat([pc[li][0] for pc in pieces], dim=1), torch.cat([pc[li][1] for pc in pieces], dim=1))
                       for li in range(len(w.layers))]
-            return new_kv, logits
+            return new_kv, logits, sums
         g = w.heads // w.kv_heads
         cos, sin = self._rope_table(start + n)
         cos, sin = cos[start:start + n], sin[start:start + n]
@@ -519,8 +553,12 @@ class FastDecoder:
         # causal mask over [own past, new]: new token i sees own past and new tokens <= i
         hidden = ~torch.ones(n, m + n, dtype=torch.bool, device=w.device).tril(diagonal=m)
         new_kv = []
+        new_sums = list(sums) if sums is not None else None
         for li, layer in enumerate(w.layers):
-            route = self._route(layer, h)
+            context = None
+            if new_sums is not None:
+                context, new_sums[li] = self._context(layer, h, new_sums[li], start)
+            route = self._route(layer, h, context)
             q, k, v = self._qkv(layer, h, cos, sin, route)  # [n, heads, D], [n, kv, D]
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv, n, D]
             new_kv.append((k, v))
@@ -537,7 +575,7 @@ class FastDecoder:
                 out = out + torch.matmul(probs[..., :p].reshape(w.kv_heads, g * n, p), prefix.values[li])
             out = out.view(w.heads, n, w.head_dim).transpose(0, 1).reshape(n, w.heads * w.head_dim)
             h = self._mlp_out(layer, h, out, route)
-        return new_kv, self._logits(h[-1:])[0]
+        return new_kv, self._logits(h[-1:])[0], new_sums
 
     def _choose(self, logits, temperature: float, top_k: int | None, top_p: float, generator):
         """(token per row, its log-probability) from ``logits [B, V]``."""
@@ -604,13 +642,17 @@ class FastDecoder:
         # Each row: its own tokens after the prefix, from the store where it has them, encoded where not.
         own: list[list[tuple[Any, Any]]] = []
         first_logits = []
+        row_sums: list[list[Any]] = []  # context gates: per row, per layer, the running sum after its prompt
         for i, (seq, (entry, k)) in enumerate(zip(seqs, found)):
             n = int(seq.numel())
             k = min(k, n - 1) if entry is not None else 0
             start = max(p, k)
             past = [entry.kv(li, p, start) for li in range(len(w.layers))] if start > p else \
                 [(None, None)] * len(w.layers)
-            new_kv, logits = self._prefill(seq[start:], past, start, prefix)
+            new_kv, logits, sums = self._prefill(seq[start:], past, start, prefix,
+                                                 prefix.sums if prefix is not None else None)
+            if sums is not None:
+                row_sums.append(sums)
             own.append([(torch.cat([pk, nk], dim=1) if pk is not None else nk,
                          torch.cat([pv, nv], dim=1) if pv is not None else nv)
                         for (pk, pv), (nk, nv) in zip(past, new_kv)])
@@ -627,6 +669,8 @@ class FastDecoder:
                 cache_k[li][i, :, :k_.shape[1]] = k_
                 cache_v[li][i, :, :v_.shape[1]] = v_
         del own
+        # context gates: per layer [B, hidden], the running sums of each row (its token count is lengths + p)
+        ctx_sums = [torch.stack([r[li] for r in row_sums]) for li in range(len(w.layers))] if row_sums else None
 
         eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long, device=dev)
         eos_set = set(eos.tolist())
@@ -654,6 +698,8 @@ class FastDecoder:
                 keep = torch.tensor(live, dtype=torch.long, device=dev)
                 rows = [rows[j] for j in live]
                 lengths, tok = lengths[keep], tok[keep]
+                if ctx_sums is not None:
+                    ctx_sums = [c[keep] for c in ctx_sums]
                 cache_k = [c[keep] for c in cache_k]
                 cache_v = [c[keep] for c in cache_v]
             # else finished rows keep decoding (nothing they produce is kept)
@@ -665,7 +711,11 @@ class FastDecoder:
             span = int(lengths.max()) + 1
             hidden = (torch.arange(span, device=dev)[None, :] > lengths[:, None])[:, None, None, :]  # [B, 1, 1, span]
             for li, layer in enumerate(w.layers):
-                route = self._route(layer, h)
+                context = None
+                if ctx_sums is not None:
+                    context, ctx_sums[li] = self._context(layer, h[:, None], ctx_sums[li], pos)
+                    context = context[:, 0]
+                route = self._route(layer, h, context)
                 q, k, v = self._qkv(layer, h, cos, sin, route)  # [B, heads, D], [B, kv, D]
                 cache_k[li][ar, :, lengths] = k
                 cache_v[li][ar, :, lengths] = v
@@ -708,15 +758,17 @@ class FastDecoder:
                 best, k = entry, kk
         k = min(k, n)
         layers = range(len(self._weights.layers))
-        if best is not None and k == n:
+        if best is not None and k == n and not self.context:
             kv = [best.kv(li, 0, n) for li in layers]
             return _Prefix(tokens=tokens.clone(), keys=[a.contiguous() for a, _ in kv],
                            values=[b.contiguous() for _, b in kv]), n
+        if self.context:  # the running sums over the prefix come from encoding it (the store has none)
+            best, k = None, 0
         past = [best.kv(li, 0, k) for li in layers] if k else [(None, None)] * len(layers)
-        new_kv, _ = self._prefill(tokens[k:], past, k, None)
+        new_kv, _, sums = self._prefill(tokens[k:], past, k, None)
         keys = [torch.cat([pk, nk], dim=1) if pk is not None else nk for (pk, _), (nk, _) in zip(past, new_kv)]
         values = [torch.cat([pv, nv], dim=1) if pv is not None else nv for (_, pv), (_, nv) in zip(past, new_kv)]
-        return _Prefix(tokens=tokens.clone(), keys=keys, values=values), k
+        return _Prefix(tokens=tokens.clone(), keys=keys, values=values, sums=sums), k
 
     def _store_rows(self, seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, which) -> None:
         """Put the conversations of ``which`` ((batch row, original row) pairs) into the store: the prompt and the
@@ -732,3 +784,10 @@ class FastDecoder:
             self.store.add(_Entry(tokens=tokens, prefix=prefix,
                                   tail_keys=[c[j, :, :n_own].clone() for c in cache_k],
                                   tail_values=[c[j, :, :n_own].clone() for c in cache_v]))
+
+
+def _unit_rms(x):
+    """``x`` scaled to unit root-mean-square over its last dimension (the composer's parameter-free ``_rms``)."""
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)

@@ -263,10 +263,9 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     # per-episode routing decodes with generate() (its rows route apart, so they share no prefix), the others
     # (the token-level MoE included) as base.decode says.
     fast = _fast_decode(ctx)
-    # Rows that decode with generate() whatever base.decode says: per-episode routing, and a MoE whose context
-    # gates read the whole sequence (no prefix cache either).
-    context_moe = (ctx.cfg.compose.options or {}).get("gate_input") == "context" and "trace_moe" in e.methods
-    composer = int("per_episode" in e.methods) + int(context_moe)
+    # Rows that decode with generate() whatever base.decode says: per-episode routing. (A MoE with context gates
+    # takes the fast loop too, re-encoding each prompt after the shared prefix: its running sums are not stored.)
+    composer = int("per_episode" in e.methods)
     per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
     workers = min(e.workers, methods)
     seconds = math.ceil(methods / workers) * sum(per_method) / methods

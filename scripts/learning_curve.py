@@ -1,0 +1,132 @@
+"""The learning link's curve (L2): a capability env's held-out success along one adapter's GRPO checkpoints.
+
+    python scripts/learning_curve.py runs/headline structured_data_reasoning --seeds 0:100 --out runs/headline/l2
+
+The report's L2 row compares the base with the *final* adapter on the env's held-out seeds. This plays the base
+(step 0) and every saved checkpoint (``train/<capability>/run/checkpoints/checkpoint-N``) on the same held-out
+seeds of the capability's generated env, greedy, with the kwargs the run trained with, and writes
+``curve.csv`` (step, success, its 95% interval, mean reward, episodes) and ``curve.png``: the GRPO budget of a
+recipe is read off this curve instead of guessed. Episodes go to ``<out>/<step>/trajectories.jsonl`` and a
+rerun plays only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def checkpoints(run_dir: Path, capability: str) -> list[tuple[int, Path]]:
+    """(step, folder) of each saved checkpoint of ``capability``'s GRPO run, by step."""
+    folder = run_dir / "train" / capability / "run" / "checkpoints"
+    found = [(int(m.group(1)), p) for p in folder.glob("checkpoint-*") if (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
+    if not found:
+        raise SystemExit(f"learning_curve: no checkpoint under {folder} (did the train stage run for {capability!r}?)")
+    return sorted(found)
+
+
+def success_interval(successes: list[bool], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The success rate and its 95% bootstrap interval over episodes."""
+    x = np.asarray(successes, dtype=float)
+    if not len(x):
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
+    return float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, help="a `trace run` directory whose train stage ran")
+    p.add_argument("capability", help="the capability whose adapter's checkpoints to play")
+    p.add_argument("--seeds", default="0:100", help="held-out env seeds (default 0:100; training uses 1,000,000+)")
+    p.add_argument("--every", type=int, default=1, help="play every n-th checkpoint (the last one always)")
+    p.add_argument("--workers", type=int, default=2, help="checkpoints played at once, one process each")
+    p.add_argument("--in-flight", type=int, default=50)
+    p.add_argument("--out", type=Path, help="output folder (default: <run_dir>/eval/curve/<capability>)")
+    args = p.parse_args(argv)
+
+    from trace_train.agents import HFAgent
+    from trace_train.backends import RolloutJob, run_jobs
+    from trace_train.pipeline.config import load_config, parse_seeds
+    from trace_train.pipeline.stages.common import model_env_kwargs_fn
+    from trace_train.rollouts import read_trajectories
+    from trace_envs.core.registry import read_registry
+
+    run_dir = args.run_dir.resolve()
+    cfg = load_config(run_dir / "config.yaml")
+    stages = json.loads((run_dir / "stages.json").read_text())["stages"]
+    model = stages["base"]["summary"]["model_path"]
+    registry = run_dir / "workspace" / "registry.yaml"
+    entries = [e for e in read_registry(registry) if e.capability == args.capability]
+    if not entries:
+        raise SystemExit(f"learning_curve: no generated env for {args.capability!r} in {registry}")
+    env_id = entries[0].id
+    kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
+    seeds = parse_seeds("--seeds", args.seeds)
+    out = (args.out or run_dir / "eval" / "curve" / args.capability).resolve()
+
+    points = checkpoints(run_dir, args.capability)
+    chosen = [pt for i, pt in enumerate(points) if i % args.every == args.every - 1 or i == len(points) - 1]
+    plays = [(0, None)] + [(step, str(path)) for step, path in chosen]
+    jobs = [RolloutJob(key=f"step {step}", targets=[env_id], seeds=seeds, samples=1,
+                       make=functools.partial(HFAgent, model, adapter=adapter, threads=1,
+                                              max_new_tokens=cfg.base.max_new_tokens, temperature=0.0,
+                                              seed=cfg.seed, name=f"step-{step}"),
+                       out=out / f"{step:05d}" / "trajectories.jsonl", in_flight=args.in_flight,
+                       env_kwargs={env_id: kwargs}, registries=[str(registry)], retry_env_errors=True,
+                       progress=True, agent_name=f"step-{step}")
+            for step, adapter in plays]
+    print(f"learning_curve: {env_id} {kwargs}, {len(seeds)} seeds x {len(plays)} checkpoints "
+          f"(steps {', '.join(str(s) for s, _ in plays)})", flush=True)
+    run_jobs(jobs, workers=args.workers)
+
+    rows = []
+    for (step, _), job in zip(plays, jobs):
+        episodes = [t for t in read_trajectories(job.out) if int(t["seed"]) in set(seeds)]
+        rate, lo, hi = success_interval([bool(t.get("success")) for t in episodes])
+        reward = float(np.mean([float(t.get("reward") or 0.0) for t in episodes])) if episodes else float("nan")
+        rows.append({"step": step, "success": rate, "lo": lo, "hi": hi, "reward": reward, "episodes": len(episodes)})
+    with open(out / "curve.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"\n{'step':>5}  {'success [95% CI]':<24} {'mean reward':>11}  episodes")
+    for r in rows:
+        print(f"{r['step']:>5}  {r['success']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]{'':<4} {r['reward']:>11.3f}  "
+              f"{r['episodes']}")
+    _plot(rows, out / "curve.png", f"{args.capability}: held-out success of {env_id} along GRPO")
+    print(f"\nlearning_curve: wrote {out / 'curve.csv'} and {out / 'curve.png'}")
+    return 0
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.fill_between(steps, [r["lo"] for r in rows], [r["hi"] for r in rows], alpha=0.25, label="95% interval")
+    ax.plot(steps, [r["success"] for r in rows], marker="o", label="success")
+    ax.plot(steps, [r["reward"] for r in rows], marker=".", linestyle="--", label="mean reward")
+    ax.set_xlabel("GRPO step (0 = the base)")
+    ax.set_ylabel("held-out env seeds")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
