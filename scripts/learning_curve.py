@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from trace_train.pipeline.config import load_config, parse_seeds
     from trace_train.pipeline.stages.common import model_env_kwargs_fn
     from trace_train.rollouts import read_trajectories
-    from trace_envs.core.registry import read_registry
+    from trace_envs.core.registry import load_registry, read_registry
 
     run_dir = args.run_dir.resolve()
     cfg = load_config(run_dir / "config.yaml")
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     if not entries:
         raise SystemExit(f"learning_curve: no generated env for {args.capability!r} in {registry}")
     env_id = entries[0].id
+    # Registered here too: the kwargs a model was warmed up with (its prompt form, say) are found through the
+    # env's target, which only the registry knows for a generated env.
+    load_registry(registry)
     kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
     seeds = parse_seeds("--seeds", args.seeds)
     out = (args.out or run_dir / "eval" / "curve" / args.capability).resolve()

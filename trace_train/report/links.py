@@ -295,10 +295,29 @@ def links_section(doc, links: dict) -> None:
                   "averaged over the blocks), on the evaluation's own episodes.")
     l2 = [r for r in links["L2"]["rows"] if r.get("delta")]
     if l2:
-        keys = sorted({k for r in l2 for side in r["breakdown"].values() for k in side})
-        doc.table(["capability", "success before", "success after", "Δ success"] + [f"{k} (before → after)"
-                                                                                    for k in keys],
+        doc.table(["capability", "success before", "success after", "Δ success [95% CI]"],
                   [[r["capability"], f"{r['delta']['base']:.3f}", f"{r['delta']['candidate']:.3f}", _fmt(r["delta"])]
-                   + [f"{r['breakdown']['base'].get(k, float('nan')):.2f} → "
-                      f"{r['breakdown']['adapter'].get(k, float('nan')):.2f}" for k in keys] for r in l2],
-                  "L2 on each capability env's held-out seeds: success, and the mean of each reward component.")
+                   for r in l2],
+                  "L2 on each capability env's held-out seeds: the base (before) and the capability's adapter "
+                  "(after).")
+        rows = []
+        for r in l2:
+            before, after = r["breakdown"].get("base", {}), r["breakdown"].get("adapter", {})
+            for k in sorted(set(before) | set(after)):
+                b, a = _finite(before.get(k)), _finite(after.get(k))
+                if b is None and a is None:  # a component this env never reports
+                    continue
+                rows.append([r["capability"], k, "–" if b is None else f"{b:.2f}", "–" if a is None else f"{a:.2f}"])
+        if rows:
+            doc.table(["capability", "reward component", "before", "after"], rows,
+                      "L2 reward breakdown: the mean of each component the env reports, over the same held-out "
+                      "seeds (read which component moved before reading a gain in reward).")
+
+
+def _finite(x: Any) -> float | None:
+    """``x`` as a float, or None when it is missing or not a finite number."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x and abs(x) != float("inf") else None
