@@ -1,13 +1,17 @@
-"""The learning link's curve (L2): a capability env's held-out success along one adapter's GRPO checkpoints.
+"""The learning and transfer links along GRPO: held-out success at each of one adapter's saved checkpoints.
 
-    python scripts/learning_curve.py runs/headline structured_data_reasoning --seeds 0:100 --out runs/headline/l2
+    python scripts/learning_curve.py runs/headline structured_data_reasoning --seeds 0:100     # L2: its env
+    python scripts/learning_curve.py runs/headline structured_data_reasoning --target \
+        --env-kwarg 'scenarios=[flight_status]' --seeds 0:100                                 # L3: the target
 
 The report's L2 row compares the base with the *final* adapter on the env's held-out seeds. This plays the base
 (step 0) and every saved checkpoint (``train/<capability>/run/checkpoints/checkpoint-N``) on the same held-out
 seeds of the capability's generated env, greedy, with the kwargs the run trained with, and writes
 ``curve.csv`` (step, success, its 95% interval, mean reward, episodes) and ``curve.png``: the GRPO budget of a
-recipe is read off this curve instead of guessed. Episodes go to ``<out>/<step>/trajectories.jsonl`` and a
-rerun plays only what is missing.
+recipe is read off this curve instead of guessed. ``--target`` plays the run's target instead (its
+``rollout.env_kwargs``, then each ``--env-kwarg``, e.g. only the capability's families): the transfer link
+along the same checkpoints, since what raises the env's own success is not always what transfers. Episodes
+go to ``<out>/<step>/trajectories.jsonl`` and a rerun plays only what is missing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 
 def checkpoints(run_dir: Path, capability: str) -> list[tuple[int, Path]]:
@@ -47,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", type=Path, help="a `trace run` directory whose train stage ran")
     p.add_argument("capability", help="the capability whose adapter's checkpoints to play")
     p.add_argument("--seeds", default="0:100", help="held-out env seeds (default 0:100; training uses 1,000,000+)")
+    p.add_argument("--target", action="store_true", help="play the run's target (L3) instead of the capability's env")
+    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="gym.make kwarg (YAML value), repeatable, e.g. 'scenarios=[flight_status]'")
     p.add_argument("--every", type=int, default=1, help="play every n-th checkpoint (the last one always)")
     p.add_argument("--workers", type=int, default=2, help="checkpoints played at once, one process each")
     p.add_argument("--in-flight", type=int, default=50)
@@ -73,8 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     # env's target, which only the registry knows for a generated env.
     load_registry(registry)
     kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
+    if args.target:
+        env_id = cfg.rollout.targets[0]
+        kwargs = model_env_kwargs_fn(model, cfg.rollout.env_kwargs)(env_id)
+    for item in args.env_kwarg:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"learning_curve: --env-kwarg {item!r}: use KEY=VALUE")
+        kwargs[key] = yaml.safe_load(raw)
     seeds = parse_seeds("--seeds", args.seeds)
-    out = (args.out or run_dir / "eval" / "curve" / args.capability).resolve()
+    out = (args.out or run_dir / "eval" / "curve" / (args.capability + ("-target" if args.target else ""))).resolve()
 
     points = checkpoints(run_dir, args.capability)
     chosen = [pt for i, pt in enumerate(points) if i % args.every == args.every - 1 or i == len(points) - 1]
@@ -105,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['step']:>5}  {r['success']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]{'':<4} {r['reward']:>11.3f}  "
               f"{r['episodes']}")
-    _plot(rows, out / "curve.png", f"{args.capability}: held-out success of {env_id} along GRPO")
+    _plot(rows, out / "curve.png", f"{args.capability} adapter: held-out success on {env_id} along GRPO")
     print(f"\nlearning_curve: wrote {out / 'curve.csv'} and {out / 'curve.png'}")
     return 0
 
