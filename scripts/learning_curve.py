@@ -138,7 +138,7 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     ax.plot(steps, [r["success"] for r in rows], marker="o", label="success")
     ax.plot(steps, [r["reward"] for r in rows], marker=".", linestyle="--", label="mean reward")
     ax.set_xlabel("GRPO step (0 = the base)")
-    ax.set_ylabel("held-out env seeds")
+    ax.set_ylabel("share of held-out seeds")
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)

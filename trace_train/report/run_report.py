@@ -100,6 +100,13 @@ def _links_section(doc: Document, run: Path, stages: dict) -> None:
         doc.note(_missing_note(stages, "evaluate"))
         return
     links_section(doc, compute_links(run))
+    # Curves of held-out success along an adapter's checkpoints (scripts/learning_curve.py), where measured:
+    # the budget of a recipe is read off them.
+    for png in sorted((run / "eval" / "curve").glob("*/curve.png")):
+        target = png.parent.name.endswith("-target")
+        name = png.parent.name.removesuffix("-target")
+        doc.image(png, f"{'L3' if target else 'L2'} along GRPO: held-out success of the {name} adapter's "
+                       f"checkpoints on {'the target' if target else 'its env'} (step 0 = the base)")
 
 
 def _base_label(base: dict) -> str:
