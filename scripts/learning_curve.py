@@ -2,7 +2,7 @@
 
     python scripts/learning_curve.py runs/headline structured_data_reasoning --seeds 0:100     # L2: its env
     python scripts/learning_curve.py runs/headline structured_data_reasoning --target \
-        --env-kwarg 'scenarios=[flight_status]' --seeds 0:100                                 # L3: the target
+        --env-kwarg 'scenarios=["flight_status"]' --seeds 0:100                               # L3: the target
 
 The report's L2 row compares the base with the *final* adapter on the env's held-out seeds. This plays the base
 (step 0) and every saved checkpoint (``train/<capability>/run/checkpoints/checkpoint-N``) on the same held-out
@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 
 def checkpoints(run_dir: Path, capability: str) -> list[tuple[int, Path]]:
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0:100", help="held-out env seeds (default 0:100; training uses 1,000,000+)")
     p.add_argument("--target", action="store_true", help="play the run's target (L3) instead of the capability's env")
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                   help="gym.make kwarg (YAML value), repeatable, e.g. 'scenarios=[flight_status]'")
+                   help="gym.make kwarg (JSON value, else a string), repeatable, e.g. 'scenarios=[\"flight_status\"]'")
     p.add_argument("--every", type=int, default=1, help="play every n-th checkpoint (the last one always)")
     p.add_argument("--workers", type=int, default=2, help="checkpoints played at once, one process each")
     p.add_argument("--in-flight", type=int, default=50)
@@ -63,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trace_train.agents import HFAgent
     from trace_train.backends import RolloutJob, run_jobs
+    from trace_train.commands import CommandError, parse_key_values
     from trace_train.pipeline.config import load_config, parse_seeds
     from trace_train.pipeline.stages.common import model_env_kwargs_fn
     from trace_train.rollouts import read_trajectories
@@ -84,11 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.target:
         env_id = cfg.rollout.targets[0]
         kwargs = model_env_kwargs_fn(model, cfg.rollout.env_kwargs)(env_id)
-    for item in args.env_kwarg:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"learning_curve: --env-kwarg {item!r}: use KEY=VALUE")
-        kwargs[key] = yaml.safe_load(raw)
+    try:
+        kwargs.update(parse_key_values(args.env_kwarg, "--env-kwarg"))  # as `trace rollout --env-kwarg` reads them
+    except CommandError as exc:
+        raise SystemExit(f"learning_curve: {exc}") from None
     seeds = parse_seeds("--seeds", args.seeds)
     out = (args.out or run_dir / "eval" / "curve" / (args.capability + ("-target" if args.target else ""))).resolve()
 

@@ -585,7 +585,7 @@ def config_from_dict(data: dict | None, settings: list[str] | tuple[str, ...] = 
     ``settings`` are ``KEY=VALUE`` strings with dotted keys (:func:`apply_settings`, applied first)."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"the config must be a mapping of sections (base:, rollout:, ...), got {type(data).__name__}")
-    data = apply_settings(dict(data or {}), settings)
+    data = apply_settings(data or {}, settings)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return _build(RunConfig, data, "").validate()
 

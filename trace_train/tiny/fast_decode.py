@@ -758,12 +758,11 @@ class FastDecoder:
                 best, k = entry, kk
         k = min(k, n)
         layers = range(len(self._weights.layers))
-        if best is not None and k == n and not self.context:
+        if best is not None and k == n:
             kv = [best.kv(li, 0, n) for li in layers]
             return _Prefix(tokens=tokens.clone(), keys=[a.contiguous() for a, _ in kv],
                            values=[b.contiguous() for _, b in kv]), n
-        if self.context:  # the running sums over the prefix come from encoding it (the store has none)
-            best, k = None, 0
+        # (A context-gated model's store is empty, so its prefix is always encoded here, with its running sums.)
         past = [best.kv(li, 0, k) for li in layers] if k else [(None, None)] * len(layers)
         new_kv, _, sums = self._prefill(tokens[k:], past, k, None)
         keys = [torch.cat([pk, nk], dim=1) if pk is not None else nk for (pk, _), (nk, _) in zip(past, new_kv)]
