@@ -36,14 +36,16 @@ def checkpoints(run_dir: Path, capability: str) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def success_interval(successes: list[bool], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """The success rate and its 95% bootstrap interval over episodes."""
-    x = np.asarray(successes, dtype=float)
-    if not len(x):
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
-    return float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+def curve_point(episodes: list[dict], seed: int = 0) -> dict:
+    """One checkpoint's point: pass@1 over its episodes with the evaluation's own bootstrap interval
+    (:func:`trace_train.evaluate.evaluate`), the mean reward apart from it, and the episode count."""
+    from trace_train.evaluate import evaluate
+
+    if not episodes:
+        return {"success": float("nan"), "lo": float("nan"), "hi": float("nan"), "reward": float("nan"), "episodes": 0}
+    m = evaluate(episodes, ks=[1], n_boot=2000, seed=seed)["overall"]["pass@1"]
+    return {"success": m["value"], "lo": m["ci"][0], "hi": m["ci"][1],
+            "reward": float(np.mean([float(t.get("reward") or 0.0) for t in episodes])), "episodes": len(episodes)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,24 +68,24 @@ def main(argv: list[str] | None = None) -> int:
     from trace_train.pipeline.config import load_config, parse_seeds
     from trace_train.pipeline.stages.common import model_env_kwargs_fn
     from trace_train.rollouts import read_trajectories
-    from trace_envs.core.registry import load_registry, read_registry
+    from trace_envs.core.registry import load_registry
 
     run_dir = args.run_dir.resolve()
     cfg = load_config(run_dir / "config.yaml")
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
     model = stages["base"]["summary"]["model_path"]
     registry = run_dir / "workspace" / "registry.yaml"
-    entries = [e for e in read_registry(registry) if e.capability == args.capability]
+    # Registered here, not only read: the kwargs a model was warmed up with (its prompt form, say) are found
+    # through the env's target, which only the registry knows for a generated env.
+    entries = [e for e in load_registry(registry) if e.capability == args.capability]
     if not entries:
         raise SystemExit(f"learning_curve: no generated env for {args.capability!r} in {registry}")
-    env_id = entries[0].id
-    # Registered here too: the kwargs a model was warmed up with (its prompt form, say) are found through the
-    # env's target, which only the registry knows for a generated env.
-    load_registry(registry)
-    kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
     if args.target:
         env_id = cfg.rollout.targets[0]
         kwargs = model_env_kwargs_fn(model, cfg.rollout.env_kwargs)(env_id)
+    else:
+        env_id = entries[0].id
+        kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
     try:
         kwargs.update(parse_key_values(args.env_kwarg, "--env-kwarg"))  # as `trace rollout --env-kwarg` reads them
     except CommandError as exc:
@@ -106,12 +108,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(steps {', '.join(str(s) for s, _ in plays)})", flush=True)
     run_jobs(jobs, workers=args.workers)
 
-    rows = []
-    for (step, _), job in zip(plays, jobs):
-        episodes = [t for t in read_trajectories(job.out) if int(t["seed"]) in set(seeds)]
-        rate, lo, hi = success_interval([bool(t.get("success")) for t in episodes])
-        reward = float(np.mean([float(t.get("reward") or 0.0) for t in episodes])) if episodes else float("nan")
-        rows.append({"step": step, "success": rate, "lo": lo, "hi": hi, "reward": reward, "episodes": len(episodes)})
+    wanted = set(seeds)
+    rows = [{"step": step, **curve_point([t for t in read_trajectories(job.out) if int(t["seed"]) in wanted])}
+            for (step, _), job in zip(plays, jobs)]
     with open(out / "curve.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

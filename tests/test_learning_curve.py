@@ -1,5 +1,5 @@
 """scripts/learning_curve.py: the learning link's curve reads a run's checkpoints in step order and gives each
-point its success rate with a bootstrap interval (the rollouts themselves are the evaluate stage's machinery,
+point its pass@1 with the evaluation's bootstrap interval (the rollouts themselves are the evaluate stage's machinery,
 tested with it)."""
 
 from __future__ import annotations
@@ -32,7 +32,14 @@ def test_a_run_without_checkpoints_says_which_capability(curve, tmp_path):
         curve.checkpoints(tmp_path, "other")
 
 
-def test_the_success_interval_brackets_the_rate(curve):
-    rate, lo, hi = curve.success_interval([True, False, True, True] * 25)
-    assert rate == 0.75 and lo < 0.75 < hi and hi - lo < 0.25
-    assert curve.success_interval([True] * 10) == (1.0, 1.0, 1.0)
+def _episode(seed: int, success: bool, reward: float) -> dict:
+    return {"env_id": "gen/x-v0", "seed": seed, "sample": 0, "scenario": "s", "success": success, "reward": reward}
+
+
+def test_a_point_is_pass_at_1_with_the_evaluations_interval_and_the_reward_apart(curve):
+    episodes = [_episode(i, i % 4 != 1, 0.5 if i % 4 != 1 else 0.25) for i in range(100)]
+    point = curve.curve_point(episodes)
+    assert point["success"] == 0.75 and point["lo"] < 0.75 < point["hi"] and point["hi"] - point["lo"] < 0.25
+    assert point["reward"] == 0.4375 and point["episodes"] == 100
+    assert curve.curve_point([_episode(i, True, 1.0) for i in range(10)])["lo"] == 1.0
+    assert curve.curve_point([])["episodes"] == 0
