@@ -17,35 +17,24 @@ go to ``<out>/<step>/trajectories.jsonl`` and a rerun plays only what is missing
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
-import re
 import sys
 from pathlib import Path
 
-import numpy as np
+from trace_train.train.select import checkpoints as saved_checkpoints
+from trace_train.train.select import curve_point, every_nth, write_curve
+
+__all__ = ["checkpoints", "curve_point", "main"]
 
 
 def checkpoints(run_dir: Path, capability: str) -> list[tuple[int, Path]]:
     """(step, folder) of each saved checkpoint of ``capability``'s GRPO run, by step."""
     folder = run_dir / "train" / capability / "run" / "checkpoints"
-    found = [(int(m.group(1)), p) for p in folder.glob("checkpoint-*") if (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
+    found = saved_checkpoints(folder)
     if not found:
         raise SystemExit(f"learning_curve: no checkpoint under {folder} (did the train stage run for {capability!r}?)")
-    return sorted(found)
-
-
-def curve_point(episodes: list[dict], seed: int = 0) -> dict:
-    """One checkpoint's point: pass@1 over its episodes with the evaluation's own bootstrap interval
-    (:func:`trace_train.evaluate.evaluate`), the mean reward apart from it, and the episode count."""
-    from trace_train.evaluate import evaluate
-
-    if not episodes:
-        return {"success": float("nan"), "lo": float("nan"), "hi": float("nan"), "reward": float("nan"), "episodes": 0}
-    m = evaluate(episodes, ks=[1], n_boot=2000, seed=seed)["overall"]["pass@1"]
-    return {"success": m["value"], "lo": m["ci"][0], "hi": m["ci"][1],
-            "reward": float(np.mean([float(t.get("reward") or 0.0) for t in episodes])), "episodes": len(episodes)}
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or run_dir / "eval" / "curve" / (args.capability + ("-target" if args.target else ""))).resolve()
 
     points = checkpoints(run_dir, args.capability)
-    chosen = [pt for i, pt in enumerate(points) if i % args.every == args.every - 1 or i == len(points) - 1]
+    chosen = every_nth(points, args.every)
     plays = [(0, None)] + [(step, str(path)) for step, path in chosen]
     jobs = [RolloutJob(key=f"step {step}", targets=[env_id], seeds=seeds, samples=1,
                        make=functools.partial(HFAgent, model, adapter=adapter, threads=1,
@@ -114,38 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(seeds)
     rows = [{"step": step, **curve_point([t for t in read_trajectories(job.out) if int(t["seed"]) in wanted])}
             for (step, _), job in zip(plays, jobs)]
-    with open(out / "curve.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     print(f"\n{'step':>5}  {'success [95% CI]':<24} {'mean reward':>11}  episodes")
     for r in rows:
         print(f"{r['step']:>5}  {r['success']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]{'':<4} {r['reward']:>11.3f}  "
               f"{r['episodes']}")
-    _plot(rows, out / "curve.png", f"{args.capability} adapter: held-out success on {env_id} along GRPO")
+    write_curve(rows, out, f"{args.capability} adapter: held-out success on {env_id} along GRPO")
     print(f"\nlearning_curve: wrote {out / 'curve.csv'} and {out / 'curve.png'}")
     return 0
-
-
-def _plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.fill_between(steps, [r["lo"] for r in rows], [r["hi"] for r in rows], alpha=0.25, label="95% interval")
-    ax.plot(steps, [r["success"] for r in rows], marker="o", label="success")
-    ax.plot(steps, [r["reward"] for r in rows], marker=".", linestyle="--", label="mean reward")
-    ax.set_xlabel("GRPO step (0 = the base)")
-    ax.set_ylabel("share of held-out seeds")
-    ax.set_ylim(0, 1)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -138,3 +138,36 @@ def test_adapters_from_trace_train_label_the_envs_they_were_trained_on(tmp_path)
     assert slots == {"trace/tool_calling_precision-v0": 1, "trace/precondition_verification-v0": 2}
     with pytest.raises(ValueError, match="unknown adapters"):
         label_slots(records, ["a"], {"b": ["x"]})
+
+
+def test_an_adapter_with_a_zero_update_is_left_out_and_its_env_labels_the_base_slot(run, tmp_path, capsys):
+    """GRPO whose every group was flat leaves PEFT's initial B = 0: that adapter is the base slot over again.
+    compose leaves it out (no router split between two copies of the base, no merge diluted by it), its env's
+    episodes teach the gates to pick the base, and per-episode routing (a choice among adapters) is skipped."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    zero = tmp_path / "precondition_verification"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(run["base"]),
+                   LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS)).save_pretrained(str(zero))
+    out = tmp_path / "compose"
+    learnt = run["adapters"]["structured_data_reasoning"]
+    args = ["compose", "--base", run["base"], "--adapters", learnt, str(zero), "--data", str(run["data"]),
+            "--epochs", "6", "--lr", "0.05", "--accumulate", "1", "--max-length", "640", "--no-progress"]
+    assert main(args + ["--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "left out precondition_verification" in printed
+    assert "trace/precondition_verification-v0 -> base" in printed
+    spec = json.loads((out / "compose.json").read_text())
+    assert [a["name"] for a in spec["adapters"]] == ["structured_data_reasoning"]
+    methods = json.loads((out / "methods.json").read_text())
+    assert set(methods) == {"composed", "linear", "ties", "adapter:structured_data_reasoning",
+                            "adapter:precondition_verification"}
+    rows = {r["env_id"]: r for r in read_csv(out / "routing.csv") if r["role"] == "all"}
+    pv, wh = rows["trace/precondition_verification-v0"], rows["examples/warehouse_stock-v0"]
+    assert float(pv["base"]) > 0.5 and float(pv["base"]) > float(pv["structured_data_reasoning"]), pv
+    assert float(wh["structured_data_reasoning"]) > 0.5, wh
+    # Asked to keep it, the zero adapter is a slot like any other (the paper's composition of every adapter).
+    assert main(args + ["--out", str(tmp_path / "kept"), "--keep-zero-updates", "--baselines"]) == 0
+    kept = json.loads((tmp_path / "kept" / "compose.json").read_text())
+    assert [a["name"] for a in kept["adapters"]] == ["structured_data_reasoning", "precondition_verification"]

@@ -34,6 +34,11 @@ def _write(tmp_path, text: str):
                                                           "['epoch']; known: accumulate, epochs"),
     ("compose: {options: {train: {epochs: 0}}}", "compose.options.train: epochs must be >= 1"),
     ("compose: {options: {gate_input: pooled}}", "compose.options.gate_input: 'pooled' is not one of token, context"),
+    ("train: {select_seeds: '100:150'}", "train.select_seeds chooses among saved checkpoints: set "
+                                         "train.options.save_steps"),
+    ("train: {select_seeds: '0:20', options: {save_steps: 5}}\nevaluate: {env_seeds: '10:50'}",
+     "train.select_seeds and evaluate.env_seeds share 10 seeds"),
+    ("train: {select_seeds: '100:150', select_every: 0, options: {save_steps: 5}}", "train.select_every"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:

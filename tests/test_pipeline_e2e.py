@@ -36,6 +36,7 @@ train:
   max_steps: 2
   sft_steps: 2
   workers: 2                      # the adapters and baselines train in 2 worker processes
+  select_seeds: "100:102"         # each GRPO run keeps its best checkpoint on 2 validation seeds
   options: {{group_size: 2, groups_per_step: 1, calibration_groups: 0, sft_episodes: 2, max_turn_tokens: 12,
              max_completion_length: 96, max_tool_calling_iterations: 2, save_steps: 1}}
 compose: {{router_seeds: 2, options: {{stats_episodes: 2}}}}
@@ -76,6 +77,14 @@ def test_every_stage_writes_its_artifacts_and_every_report_table_holds_numbers(f
         assert (Path(a["adapter_dir"]) / "adapter_config.json").exists(), name
         # The multi-capability baseline gets the steps of all adapters together (the same budget).
         assert a["steps"] == (2 * len(CAPABILITIES) if name == "multi" else 2) and a["rollouts"] > 0, name
+        if name != "sft":  # checkpoint selection: the base and each saved step on the validation seeds
+            chosen = json.loads((run / "train" / ("_multi" if name == "multi" else name) / "select" /
+                                 "selection.json").read_text())
+            assert [r["step"] for r in chosen["rows"]] == list(range(a["steps"] + 1)), name
+            envs = len(CAPABILITIES) if name == "multi" else 1
+            assert all(r["episodes"] == 2 * envs for r in chosen["rows"]), name
+            assert a["adapter_dir"] == chosen["adapter_dir"] and a["selected"]["step"] == chosen["step"] > 0
+            assert a["rollouts"] == a["train_rollouts"] + 2 * envs * (a["steps"] + 1)
     assert sorted(train["adapters"]) == CAPABILITIES and sorted(train["baselines"]) == ["multi", "sft"]
     compose = json.loads((run / "compose" / "results.json").read_text())
     assert (Path(compose["moe"]["out_dir"]) / "compose.json").exists()

@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--accumulate", type=int, default=4, help="episodes per optimizer step (default: 4)")
     p.add_argument("--adapter-env", action="append", default=[], metavar="NAME=ENV_ID",
                    help="label ENV_ID's episodes with adapter NAME (repeatable)")
+    p.add_argument("--base-env", action="append", default=[], metavar="ENV_ID",
+                   help="label this env's episodes with the base slot (repeatable): tasks the base should answer")
+    p.add_argument("--keep-zero-updates", action="store_true",
+                   help="keep adapters whose LoRA update is exactly zero (default: left out, they are the base slot)")
     p.add_argument("--baselines", nargs="*", default=["linear", "ties", "per_episode"],
                    help="baselines to build (default: linear ties per_episode; none: pass the flag alone)")
     p.add_argument("--min-reward", type=float, help="successful = reward >= this (default: the success flag)")
@@ -69,9 +73,13 @@ def cmd_compose(args) -> int:
         result = compose(args.base, args.adapters, args.data, args.out, top_k=args.top_k, train=cfg,
                          adapter_envs=adapter_envs or None, baselines=args.baselines, min_reward=args.min_reward,
                          max_length=args.max_length, stats_episodes=args.stats_episodes,
-                         gate_input=args.gate_input, threads=args.threads or None, device=args.device, progress=not args.no_progress)
+                         gate_input=args.gate_input, threads=args.threads or None, device=args.device,
+                         base_envs=args.base_env, drop_zero_updates=not args.keep_zero_updates,
+                         progress=not args.no_progress)
     except ComposeError as exc:
         raise CommandError(str(exc)) from exc
+    if result.dropped:
+        print(f"left out {', '.join(result.dropped)}: a LoRA update of exactly zero is the base slot over again")
     if not args.data:
         print("no --data: the gates are untrained (every token goes to the base slot)")
     else:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .adapters import ComposeError, resolve_adapters
+from .adapters import ComposeError, adapter_update_is_zero, resolve_adapters
 from .baselines import MERGE_METHODS, merge_adapters
-from .data import encode, is_successful, label_slots, read_trajectories, trained_envs
+from .data import capability_of, encode, is_successful, label_slots, read_trajectories, trained_envs
 from .model import COMPOSE_FILE, ComposedModel
 from .train import RouterTrainConfig, routing_stats, train_router, write_routing, write_train_log
 
@@ -44,7 +44,9 @@ class ComposeResult:
         baselines: method name -> folder (merged adapters, the per-episode composed folder).
         methods_json: every method's HFAgent arguments.
         episodes: successful episodes the router trained on.
-        labelled_envs: env id -> adapter name used by the label loss.
+        labelled_envs: env id -> adapter name used by the label loss (``"base"`` for the base slot).
+        dropped: adapters left out because their LoRA update is exactly zero (they are the base slot);
+            the envs they claimed label the base slot.
     """
 
     out_dir: Path
@@ -56,6 +58,7 @@ class ComposeResult:
     methods_json: Path | None = None
     episodes: int = 0
     labelled_envs: dict[str, str] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
 
 
 def router_config(train: RouterTrainConfig | Mapping[str, Any] | None) -> RouterTrainConfig | None:
@@ -76,7 +79,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             adapter_envs: Mapping[str, Sequence[str]] | None = None, baselines: Sequence[str] = BASELINES,
             min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
             base_bias: float = 5.0, gate_input: str = "token", threads: int | None = 1, device: str = "cpu",
-            progress: bool = True) -> ComposeResult:
+            base_envs: Sequence[str] = (), drop_zero_updates: bool = True, progress: bool = True) -> ComposeResult:
     """Compose K capability adapters into one token-routed model and write it with its baselines.
 
     Args:
@@ -102,6 +105,13 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             states do not carry the task). See :mod:`trace_train.compose.model`.
         threads: ``torch.set_num_threads`` (None leaves it alone).
         device: torch device.
+        base_envs: env ids whose episodes the label loss sends to the base slot (tasks where the base
+            should answer, e.g. a capability whose adapter learnt nothing).
+        drop_zero_updates: leave out every adapter whose LoRA update is exactly zero
+            (:func:`~trace_train.compose.adapters.adapter_update_is_zero`, GRPO whose every group was flat),
+            as long as one adapter with an update remains. Such an adapter is the base slot over again: kept,
+            the router splits tokens between two copies of the base, and a linear merge halves the other
+            adapters' updates. The envs it claimed label the base slot. ``ComposeResult.dropped`` names them.
         progress: tqdm bars.
     """
     import torch
@@ -116,7 +126,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     out = Path(out)
     # Everything that can be wrong with the inputs is checked before the model loads or anything is written.
     refs = resolve_adapters(adapters)
-    named = {r.name: str(r.path) for r in refs}
+    every = {r.name: str(r.path) for r in refs}
     records = read_trajectories(data) if data else []
     if data and not records:
         raise ComposeError(f"{data}: no trajectories found")
@@ -124,7 +134,19 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     for ref in refs:  # an adapter from `trace train` names the envs it was trained on
         if ref.name not in claims and trained_envs(ref.path):
             claims[ref.name] = trained_envs(ref.path)
-    slots = label_slots(records, list(named), claims)
+    zero = [n for n, path in every.items() if adapter_update_is_zero(path)] if drop_zero_updates else []
+    if len(zero) == len(every):
+        zero = []  # every adapter is the base: composing them gives the base, nothing to choose between
+    named = {n: path for n, path in every.items() if n not in zero}
+    label_slots(records, list(every), claims)  # checks the claims' names against every adapter given
+    base_claims = list(base_envs) + [env for n in zero for env in claims.get(n, [])]
+    base_claims += [r["env_id"] for r in records if capability_of(r["env_id"]) in zero]
+    slots = label_slots(records, list(named), {k: v for k, v in claims.items() if k not in zero})
+    for env in base_claims:
+        slots.setdefault(env, 0)  # the base slot; an env an adapter claims stays that adapter's
+    if zero:
+        logger.info("left out adapters %s: their LoRA update is exactly zero (the base slot); their envs label "
+                    "the base slot", zero)
     successful = [r for r in records if is_successful(r, min_reward)]
     if records and not successful:
         raise ComposeError(f"none of the {len(records)} trajectories succeeded; the router learns from "
@@ -132,7 +154,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device, gate_input=gate_input)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     result = ComposeResult(out_dir=out)
-    result.labelled_envs = {env: model.adapter_names[s - 1] for env, s in sorted(slots.items())}
+    result.labelled_envs = {env: model.adapter_names[s - 1] if s else "base" for env, s in sorted(slots.items())}
+    result.dropped = zero
     if records and not slots and (train or RouterTrainConfig()).label_coef > 0:
         logger.warning("no trajectory's env matches an adapter name; the label loss is off (name adapters "
                        "NAME=DIR after their capability, or pass adapter_envs)")
@@ -164,6 +187,10 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
                 logger.warning("baseline %s skipped: %s", method, exc)
                 continue
             methods[method] = {"model": str(Path(base).resolve()), "adapter": str(folder.resolve())}
+        elif len(named) < 2:  # one adapter per episode over a single adapter is that adapter
+            logger.warning("baseline %s skipped: it chooses among adapters, and only %s remains%s", method,
+                           list(named), f" ({', '.join(zero)} left out: a zero update)" if zero else "")
+            continue
         else:
             if folder.exists():
                 shutil.rmtree(folder)
@@ -173,7 +200,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             (folder / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
             methods[method] = {"model": str(folder.resolve()), "adapter": None}
         result.baselines[method] = folder
-    for name, path in named.items():
+    for name, path in every.items():
         methods[f"adapter:{name}"] = {"model": str(Path(base).resolve()), "adapter": path}
     result.methods_json = out / "methods.json"
     result.methods_json.write_text(json.dumps(methods, indent=2) + "\n")

@@ -288,6 +288,11 @@ class TrainSection:
         workers: adapters trained at once (``launcher: python``), each in its own process on ``base.threads``
             threads: 2 on a 2-core CPU runs the adapters and baselines side by side (a time budget
             ``max_minutes`` then buys each run the same steps in half the wall time). 1 on a GPU.
+        select_seeds: validation seeds of each GRPO run's own envs (``"start:stop"``), or None (off): the base
+            and the saved checkpoints (``options.save_steps``) play them greedily after training, and the
+            checkpoint with the highest success becomes the adapter (:mod:`trace_train.train.select`). Keep them
+            apart from the training seeds (1,000,000 on) and from ``evaluate.env_seeds``.
+        select_every: play every n-th saved checkpoint (the last one always).
     """
 
     model: str | None = None
@@ -301,9 +306,17 @@ class TrainSection:
     launcher: str = "python"
     accelerate_args: list = field(default_factory=list)
     workers: int = 1
+    select_seeds: str | None = None
+    select_every: int = 1
 
     def validate(self) -> None:
         _choice("train.launcher", self.launcher, ("python", "accelerate"))
+        _at_least("train.select_every", self.select_every, 1)
+        if self.select_seeds is not None:
+            parse_seeds("train.select_seeds", self.select_seeds)
+            if not (self.options or {}).get("save_steps"):
+                raise ConfigError("train.select_seeds chooses among saved checkpoints: set train.options.save_steps "
+                                  "(e.g. 5), or select_seeds: null")
         _at_least("train.workers", self.workers, 1)
         _at_least("train.max_steps", self.max_steps, 1)
         if self.max_minutes is not None and not self.max_minutes > 0:
@@ -441,6 +454,13 @@ class RunConfig:
         if overlap:
             raise ConfigError(f"evaluate.seeds and rollout.seeds share {len(overlap)} seeds (e.g. {min(overlap)}); "
                               "the evaluation seeds must be held out: make the two ranges disjoint")
+        if self.train.select_seeds is not None and self.evaluate.env_seeds:
+            shared = set(parse_seeds("train.select_seeds", self.train.select_seeds)) & set(
+                parse_seeds("evaluate.env_seeds", self.evaluate.env_seeds))
+            if shared:
+                raise ConfigError(f"train.select_seeds and evaluate.env_seeds share {len(shared)} seeds (e.g. "
+                                  f"{min(shared)}); the checkpoint is chosen on validation seeds, so the env's "
+                                  "held-out seeds must stay unseen: make the two ranges disjoint")
         return self
 
     def to_dict(self) -> dict:

@@ -289,8 +289,21 @@ def _train_section(doc: Document, run: Path, stages: dict) -> None:
         doc.p("Every group was flat for " + ", ".join(f"`{n}`" for n in flat) + ": the base was never (or always) "
               "right in its env, so GRPO had no advantage and the adapter is the base. A base that is sometimes "
               "right there, or an easier `train.options.env_kwargs.difficulty`, gives GRPO something to learn.")
+    chosen = {n: a["selected"] for n, a in everything.items() if a.get("selected")}
+    if chosen:
+        first = next(iter(chosen.values()))
+        lo, hi = first["seeds"]
+        doc.p(f"Checkpoint selection (`train.select_seeds`): the base and the saved checkpoints of each GRPO run "
+              f"played seeds {lo}-{hi - 1} of the run's own envs (validation seeds, apart from training and from "
+              "the evaluation's), greedy; the best checkpoint is the adapter evaluated below. Its validation "
+              "episodes count in the rollouts above.")
+        doc.table(["adapter", "chosen step", "of", "validation success: base", "chosen", "last step"],
+                  [[f"`{n}`", c["step"], c["final_step"], _num(c.get("base_success"), ".2f"),
+                    _num(c.get("success"), ".2f"), _num(c.get("final_success"), ".2f")] for n, c in chosen.items()])
     for name, a in everything.items():
         doc.image(a.get("curve_png"), f"Reward curve: {name}")
+        if a.get("selected"):
+            doc.image(a["selected"].get("curve_png"), f"Validation success along training: {name}")
 
 
 def _compose_section(doc: Document, run: Path, stages: dict) -> None:

@@ -43,7 +43,8 @@ def run_compose(ctx) -> tuple[list[str], dict]:
                     adapter_envs={n: [envs[n]["env_id"]] for n in names}, baselines=baselines, **options)
     methods = json.loads(Path(res.methods_json).read_text()) if res.methods_json else {}
     results = {"adapters": adapters, "data": data, "router_episodes": len(names) * c.router_seeds,
-               "router_trained_on": res.episodes,
+               "router_trained_on": res.episodes, "dropped_zero_updates": res.dropped,
+               "labelled_envs": res.labelled_envs,
                "moe": {"out_dir": str(res.out_dir), "routing_csv": _str(res.routing_csv),
                        "heatmap_png": _str(res.heatmap_png), "loss_png": _str(res.loss_png)},
                "methods": methods, "skipped_baselines": [m for m in baselines if m not in methods]}

@@ -89,7 +89,11 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
                          total_adapter_rollouts, note))
     if "per_episode" in wanted:
         p = methods.get("per_episode")
-        note = "" if p else compose_missing("not in this run: needs ≥ 2 adapters and compose.per_episode")
+        dropped = comp.get("dropped_zero_updates") or []
+        note = "" if p else compose_missing(
+            "not in this run: needs ≥ 2 adapters and compose.per_episode"
+            + (f" ({', '.join(dropped)} left out of the composition: a zero update, the base itself)"
+               if dropped else ""))
         rows.append(("per_episode", "per-episode routing", hf(p["model"], p["adapter"]) if p else None,
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
     if "trace_moe" in wanted:

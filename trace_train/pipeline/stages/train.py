@@ -16,7 +16,7 @@ from trace_train.backends.local import _worker_pool
 
 from ..config import ConfigError
 from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY, _selected,
-                     _str, base_model_path, capability_envs)
+                     _str, base_model_path, capability_envs, model_env_kwargs_fn, workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,9 @@ def run_train(ctx) -> tuple[list[str], dict]:
     # The multi-capability baseline (the longest run) goes first, so that the workers finish close together.
     order = sorted(jobs, key=lambda k: k != "_multi") if t.workers > 1 else list(jobs)
     records = _run_train_jobs({k: jobs[k] for k in order}, t.workers)
+    if t.select_seeds is not None:
+        for key in [k for k in order if not records[k]["sft"]]:
+            records[key] = _select(ctx, key, records[key])
     adapters = {cap: records[cap] | {"source": env["source"]} for cap, env in envs.items()}
     baselines = {k.lstrip("_"): records[k] for k in ("_multi", "_sft") if k in records}
     (ctx.path("train", "results.json")).write_text(json.dumps({"adapters": adapters, "baselines": baselines},
@@ -138,6 +141,54 @@ def run_train(ctx) -> tuple[list[str], dict]:
     return ["train"], {"adapters": {c: a["adapter_dir"] for c, a in adapters.items()},
                        "baselines": {k: v["adapter_dir"] for k, v in baselines.items()},
                        "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()}}
+
+
+def _select(ctx, key: str, record: dict) -> dict:
+    """``record`` with its adapter replaced by the checkpoint that did best on the validation seeds of its own
+    envs (:func:`trace_train.train.select.select_checkpoint`); the choice is kept in ``train/<key>/select/``
+    and a rerun with the same seeds reads it back instead of playing again."""
+    from trace_train.train.select import select_checkpoint
+
+    from ..config import parse_seeds
+
+    t, b = ctx.cfg.train, ctx.cfg.base
+    seeds = parse_seeds("train.select_seeds", t.select_seeds)
+    out = ctx.path("train", key, "select")
+    done = out / "selection.json"
+    spec = {"seeds": [min(seeds), max(seeds) + 1], "every": t.select_every}
+    if done.exists():
+        previous = json.loads(done.read_text())
+        if previous.get("spec") == spec:
+            return _selected_record(record, previous)
+    model = base_model_path(ctx)
+    run_dir = Path(record["adapter_dir"]).parent  # train/<key>/run: its checkpoints/ and the final adapter/
+    logger.info("train: choosing %s's checkpoint on %d validation seeds of %s", key, len(seeds),
+                ", ".join(record["env_ids"]))
+    chosen = select_checkpoint(model, run_dir, record["env_ids"], seeds, out,
+                               env_kwargs=model_env_kwargs_fn(model, t.options.get("env_kwargs")),
+                               every=t.select_every, workers=t.workers, in_flight=ctx.cfg.evaluate.in_flight,
+                               registries=workspace_registries(ctx), max_new_tokens=b.max_new_tokens,
+                               decode=b.decode, threads=b.threads, seed=ctx.cfg.seed,
+                               final_adapter=record["adapter_dir"], progress=ctx.progress).to_dict()
+    chosen["spec"], chosen["curve_png"] = spec, str(out / "curve.png")
+    done.write_text(json.dumps(chosen, indent=2) + "\n")
+    return _selected_record(record, chosen)
+
+
+def _selected_record(record: dict, selection: dict) -> dict:
+    """The train record of the chosen checkpoint: its adapter, and the choice beside the run's own figures."""
+    best = next(r for r in selection["rows"] if r["step"] == selection["step"])
+    last = next((r for r in selection["rows"] if r["step"] == selection["final_step"]), None)
+    played = sum(int(r["episodes"]) for r in selection["rows"])
+    # The validation episodes are env interactions the method spent too: "rollouts spent" counts them.
+    return {**record, "final_adapter_dir": record.get("final_adapter_dir", record["adapter_dir"]),
+            "adapter_dir": selection["adapter_dir"],
+            "train_rollouts": record.get("train_rollouts", record["rollouts"]),
+            "rollouts": record.get("train_rollouts", record["rollouts"]) + played,
+            "selected": {"step": selection["step"], "final_step": selection["final_step"],
+                         "success": best["success"], "final_success": last["success"] if last else None,
+                         "base_success": selection["rows"][0]["success"], "seeds": selection["seeds"],
+                         "episodes": played, "curve_png": selection.get("curve_png")}}
 
 
 def _fast_grpo(ctx) -> bool:
@@ -170,6 +221,32 @@ def estimate_train(ctx) -> tuple[float | None, str]:
         total = runs * t.max_steps * per_step + sft
         floor = longest * t.max_steps * per_step
         what = f"{k} adapters × {t.max_steps} GRPO steps + baselines"
+    seconds = max(total / t.workers, floor) if t.workers > 1 else total
     if t.workers > 1:
-        return max(total / t.workers, floor), what + f", {t.workers} at once"
-    return total, what
+        what += f", {t.workers} at once"
+    if t.select_seeds is not None:
+        select, n = _estimate_select(ctx, k, runs)
+        seconds += select
+        what += f", checkpoint selection ({n} validation episodes)"
+    return seconds, what
+
+
+def _estimate_select(ctx, k: int, runs: int) -> tuple[float, int]:
+    """Rough seconds and episodes of checkpoint selection: per GRPO run, the base and every ``select_every``-th
+    of its saved checkpoints on the validation seeds of its envs (the multi baseline plays all ``k`` envs)."""
+    import math
+
+    from ..config import parse_seeds
+    from .common import _fast_decode, _tiny_episodes_seconds
+
+    t = ctx.cfg.train
+    seeds = len(parse_seeds("train.select_seeds", t.select_seeds))
+    steps = t.max_steps
+    if t.max_minutes:  # the budget ends training first: the headline recipe made ~75 steps in 10 min (8 s a step)
+        steps = min(steps, max(1, int(t.max_minutes * 60 / SECONDS_PER_GRPO_STEP_TINY)))
+    saves = int((t.options or {}).get("save_steps") or steps)
+    played = 1 + math.ceil(max(1, steps // saves) / t.select_every)
+    envs = k + (k if runs > k else 0)  # each adapter's env; the multi baseline's k envs
+    n = played * envs * seeds
+    fast = _fast_decode(ctx)
+    return _tiny_episodes_seconds(n, ctx.cfg.evaluate.in_flight, fast) / t.workers, n
