@@ -226,6 +226,23 @@ def test_too_many_errors_ends_the_episode(env: gym.Env) -> None:
     assert info["termination"] == "too_many_errors" and info["success"] is False
 
 
+def test_a_rejected_turn_stays_out_of_the_conversation_and_its_text_is_kept_beside_it(env: gym.Env) -> None:
+    before = len(env.unwrapped._info()["messages"])
+    garbled = '<tool_call>{"name": "get_stock", "arguments": {"warehouse_id": </tool_call>'
+    obs, _, _, _, info = env.step(garbled)
+    assert obs.startswith("Error:") and len(info["messages"]) == before  # the agent sees the error only
+    [kept] = info["rejected_turns"]
+    assert kept["text"] == garbled and kept["error"] in obs and kept["after_message"] == before
+    env.step({"role": "assistant", "content": 7})  # not a string: kept as its JSON
+    obs, _, _, _, info = env.step("<tool_call>" + "x" * 100_000)  # a huge turn: rejected, its text cut, not dropped
+    assert obs.startswith("Error:")
+    dict_turn, huge_turn = info["rejected_turns"][1:]
+    assert json.loads(dict_turn["text"]) == {"role": "assistant", "content": 7}
+    assert huge_turn["text"].startswith("<tool_call>xxx") and 100 < len(huge_turn["text"]) <= 2000
+    env.reset(seed=1)
+    assert "rejected_turns" not in env.unwrapped._info()  # a new episode starts clean
+
+
 # ---------------------------------------------------------------- accepted shapes
 
 ACCEPTED_CALLS = {

@@ -187,6 +187,7 @@ def _record(ep: _Episode, agent_name: str) -> dict:
         "termination": (info.get("termination") or "terminated") if terminated else "max_steps",
         "steps": ep.steps,
         "agent_errors": ep.agent_errors,
+        **({"rejected_turns": info["rejected_turns"]} if info.get("rejected_turns") else {}),
         **({"env_error": str(info.get("env_error") or info.get("reward_breakdown", {}).get("error") or "")}
            if terminated and info.get("termination") == "env_error" else {}),
         "timing": {"reset_s": ep.reset_s, "env_s": ep.env_s, "agent_s": ep.agent_s,

@@ -40,6 +40,10 @@ from .parsing import MAX_ACTION_CHARS, ParsedAction, parse_action
 from .spaces import UnicodeText, fit_text, well_formed
 from .tools import EnvError, ToolResult, ToolSet
 
+#: Rejected turns kept per episode (``info["rejected_turns"]``), and characters kept of each.
+MAX_REJECTED_KEPT = 32
+MAX_REJECTED_CHARS = 2000
+
 logger = logging.getLogger(__name__)
 
 Policy = Callable[[str, dict], Any]
@@ -176,6 +180,7 @@ class TraceEnv(gym.Env):
         self._env_error: str | None = None
         self._final = {}
         self._invalid_streak = 0
+        self._rejected: list[dict] = []
         self._call_counter = 0
         self._last_calls: list[str] = []
         opening = self._generate_task(dict(options or {}))
@@ -250,7 +255,14 @@ class TraceEnv(gym.Env):
             self._ended = True
             self._termination = termination
 
-    def _reject(self, message: str) -> str:
+    def _reject(self, message: str, action: Any = None) -> str:
+        # The turn stays out of the conversation (the agent sees only the error), but its text is kept beside it
+        # (``info["rejected_turns"]``, the trajectory's ``rejected_turns``): what a policy wrote when it drifted
+        # off the format is what one reads to find out why.
+        if len(self._rejected) < MAX_REJECTED_KEPT:
+            text = action if isinstance(action, str) else _action_text(action)
+            self._rejected.append({"after_message": len(self._messages), "error": message,
+                                   "text": fit_text(well_formed(text), MAX_REJECTED_CHARS)})
         self._invalid_streak += 1
         if self._invalid_streak >= self.max_invalid_actions:
             self._end("too_many_errors")
@@ -260,10 +272,10 @@ class TraceEnv(gym.Env):
     def _take_turn(self, action: Any) -> str:
         parsed: ParsedAction = parse_action(action)
         if parsed.error is not None:
-            return self._reject(parsed.error)
+            return self._reject(parsed.error, action)
         if len(parsed.tool_calls) > self.max_tool_calls_per_turn:
             return self._reject(f"you made {len(parsed.tool_calls)} tool calls in one turn; make at most "
-                                f"{self.max_tool_calls_per_turn} per turn and wait for its result.")
+                                f"{self.max_tool_calls_per_turn} per turn and wait for its result.", action)
         if parsed.tool_calls:
             return self._tool_turn(parsed)
         self._invalid_streak = 0
@@ -321,10 +333,20 @@ class TraceEnv(gym.Env):
 
     def _info(self) -> dict:
         info = {"messages": list(self._messages), "tools": self.tools}
+        if self._rejected:
+            info["rejected_turns"] = [dict(r) for r in self._rejected]
         if self._final:
             # A fresh copy each step: callers keep infos, and steps after the end must not share objects.
             info.update(copy.deepcopy(self._final))
         return info
+
+
+def _action_text(action: Any) -> str:
+    """A non-string action as JSON for the record of rejected turns; one too deep to encode is named, not kept."""
+    try:
+        return json.dumps(action, default=str)
+    except (RecursionError, ValueError, TypeError) as exc:
+        return f"<{type(action).__name__} action, not kept: {type(exc).__name__}>"
 
 
 def _well_formed_message(value: Any) -> Any:
