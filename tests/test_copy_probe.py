@@ -1,0 +1,68 @@
+"""scripts/copy_probe.py: the forced prompt is the conversation cut after the named tool's result, then the
+assistant's call up to the argument's opening quote; only episodes that name an id and reach that point count."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "copy_probe.py"
+ENV = "trace/tau_airline-v0"
+KWARGS = {"scenarios": ["cancel", "flight_status"], "prompt": "compact"}
+
+
+@pytest.fixture(scope="module")
+def probe():
+    spec = importlib.util.spec_from_file_location("copy_probe", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory):
+    pytest.importorskip("torch")
+    from trace_envs import OracleAgent, rollout
+    from trace_train.tiny.build import build_model
+
+    root = tmp_path_factory.mktemp("copy_probe")
+    model = str(build_model("nano", out=root / "nano", env_ids=[ENV], corpus_seeds=2).path)
+    path = root / "episodes.jsonl"
+    records = [rollout(ENV, OracleAgent(), seed=s, env_kwargs=KWARGS) for s in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return model, path, records
+
+
+def test_the_forced_prompt_ends_with_the_call_and_follows_the_named_tools_result(probe, episodes):
+    from transformers import AutoTokenizer
+
+    model, _, records = episodes
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    pattern = r"reservation ([A-Z0-9]{6})"
+    found = list(probe.forced_prompts(records, tokenizer, "get_reservation_details", "reservation_id", pattern,
+                                      "get_user_details"))
+    # Described reservations ("... (I don't have the reservation id at hand)") name no id: not probed.
+    named = [r for r in records if re.search(pattern, r["messages"][1]["content"])
+             and any(m.get("name") == "get_user_details" for m in r["messages"] if m["role"] == "tool")]
+    assert named and len(found) == len(named)
+    for wanted, family, prompt in found:
+        assert family == "cancel" and wanted in prompt.split("<tool_response>")[0]  # named before the tool ran
+        assert prompt.endswith('<tool_call>\n{"name": "get_reservation_details", "arguments": {"reservation_id": "')
+        assert prompt.count("<tool_response>") == 1  # cut right after get_user_details's result
+    assert not list(probe.forced_prompts(records, tokenizer, "t", "a", r"no such (\w+)", "get_user_details"))
+
+
+def test_the_probe_counts_every_matching_episode(probe, episodes, capsys):
+    model, path, _ = episodes
+    assert probe.main([model, str(path), "--tool", "get_flight_status", "--arg", "flight_number",
+                       "--pattern", r"flight (HAT[0-9]{3})", "--show", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    flights = sum(1 for line in path.read_text().splitlines()
+                  if re.search(r"flight (HAT[0-9]{3})", json.loads(line)["messages"][1]["content"]))
+    assert summary["episodes"] == flights > 0 and 0 <= summary["right"] <= flights
+    with pytest.raises(SystemExit, match="no episode"):
+        probe.main([model, str(path), "--tool", "t", "--arg", "a", "--pattern", r"nothing (\d+)"])
