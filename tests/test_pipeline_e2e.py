@@ -72,12 +72,16 @@ def test_every_stage_writes_its_artifacts_and_every_report_table_holds_numbers(f
     generated = json.loads((run / "generate" / "results.json").read_text())
     assert sorted(g["capability"] for g in generated if g["admitted"]) == CAPABILITIES
     assert (run / "workspace" / "registry.yaml").exists()
+    from trace_train.compose.adapters import adapter_update_is_zero
+
     train = json.loads((run / "train" / "results.json").read_text())
     for name, a in {**train["adapters"], **train["baselines"]}.items():
         assert (Path(a["adapter_dir"]) / "adapter_config.json").exists(), name
         # The multi-capability baseline gets the steps of all adapters together (the same budget).
         assert a["steps"] == (2 * len(CAPABILITIES) if name == "multi" else 2) and a["rollouts"] > 0, name
-        if name != "sft":  # checkpoint selection: the base and each saved step on the validation seeds
+        if name != "sft" and "skipped" in a["selected"]:  # a zero update: every checkpoint is the base
+            assert adapter_update_is_zero(a["adapter_dir"]) and a["selected"]["step"] == a["steps"], name
+        elif name != "sft":  # checkpoint selection: the base and each saved step on the validation seeds
             chosen = json.loads((run / "train" / ("_multi" if name == "multi" else name) / "select" /
                                  "selection.json").read_text())
             assert [r["step"] for r in chosen["rows"]] == list(range(a["steps"] + 1)), name

@@ -297,9 +297,10 @@ def _train_section(doc: Document, run: Path, stages: dict) -> None:
               f"played seeds {lo}-{hi - 1} of the run's own envs (validation seeds, apart from training and from "
               "the evaluation's), greedy; the best checkpoint is the adapter evaluated below. Its validation "
               "episodes count in the rollouts above.")
-        doc.table(["adapter", "chosen step", "of", "validation success: base", "chosen", "last step"],
+        doc.table(["adapter", "chosen step", "of", "validation success: base", "chosen", "last step", "note"],
                   [[f"`{n}`", c["step"], c["final_step"], _num(c.get("base_success"), ".2f"),
-                    _num(c.get("success"), ".2f"), _num(c.get("final_success"), ".2f")] for n, c in chosen.items()])
+                    _num(c.get("success"), ".2f"), _num(c.get("final_success"), ".2f"), c.get("skipped") or ""]
+                   for n, c in chosen.items()])
     for name, a in everything.items():
         doc.image(a.get("curve_png"), f"Reward curve: {name}")
         if a.get("selected"):

@@ -147,10 +147,15 @@ def _select(ctx, key: str, record: dict) -> dict:
     """``record`` with its adapter replaced by the checkpoint that did best on the validation seeds of its own
     envs (:func:`trace_train.train.select.select_checkpoint`); the choice is kept in ``train/<key>/select/``
     and a rerun with the same seeds reads it back instead of playing again."""
+    from trace_train.compose.adapters import adapter_update_is_zero
     from trace_train.train.select import select_checkpoint
 
     from ..config import parse_seeds
 
+    if adapter_update_is_zero(record["adapter_dir"]):
+        # B never left zero, so no checkpoint did either: every one of them is the base. Nothing to choose.
+        return {**record, "selected": {"step": record["steps"], "final_step": record["steps"],
+                                       "skipped": "a zero update: every checkpoint is the base"}}
     t, b = ctx.cfg.train, ctx.cfg.base
     seeds = parse_seeds("train.select_seeds", t.select_seeds)
     out = ctx.path("train", key, "select")
