@@ -119,3 +119,24 @@ def test_the_report_has_the_links_section(run_dir):
     assert "| L2 | cap_a adapter on its env | +0.800 [" in text
     assert "| f2 |" in text  # the per-family table
     assert "| f1 | 0.10 | 0.80 | 0.10 |" in text  # where the router sent each family
+
+
+def test_the_training_section_shows_each_runs_chosen_checkpoint(run_dir):
+    """Checkpoint selection in the report: the chosen step beside the last one, and a zero-update run that
+    had nothing to choose from says so."""
+    from trace_train.report.run_report import write_report
+
+    sel = {"step": 10, "final_step": 75, "success": 0.44, "final_success": 0.30, "base_success": 0.21,
+           "seeds": [100, 150], "episodes": 450, "curve_png": None}
+    train = {"adapters": {"cap_a": {"env_ids": ["gen/cap_a-v0"], "sft": False, "steps": 75, "rollouts": 1050,
+                                    "selected": sel},
+                          "cap_b": {"env_ids": ["gen/cap_b-v0"], "sft": False, "steps": 70, "rollouts": 560,
+                                    "selected": {"step": 70, "final_step": 70,
+                                                 "skipped": "a zero update: every checkpoint is the base"}}},
+             "baselines": {}}
+    (run_dir / "train").mkdir(exist_ok=True)
+    (run_dir / "train" / "results.json").write_text(json.dumps(train))
+    text = write_report(run_dir).markdown.read_text()
+    assert "played seeds 100-149 of the run's own envs" in text
+    assert "| `cap_a` | 10 | 75 | 0.21 | 0.44 | 0.30 | – |" in text
+    assert "| `cap_b` | 70 | 70 | – | – | – | a zero update: every checkpoint is the base |" in text

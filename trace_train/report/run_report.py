@@ -291,11 +291,11 @@ def _train_section(doc: Document, run: Path, stages: dict) -> None:
               "right there, or an easier `train.options.env_kwargs.difficulty`, gives GRPO something to learn.")
     chosen = {n: a["selected"] for n, a in everything.items() if a.get("selected")}
     if chosen:
-        first = next(iter(chosen.values()))
-        lo, hi = first["seeds"]
+        played = next((c["seeds"] for c in chosen.values() if c.get("seeds")), None)
+        seeds = f"seeds {played[0]}-{played[1] - 1}" if played else "validation seeds"
         doc.p(f"Checkpoint selection (`train.select_seeds`): the base and the saved checkpoints of each GRPO run "
-              f"played seeds {lo}-{hi - 1} of the run's own envs (validation seeds, apart from training and from "
-              "the evaluation's), greedy; the best checkpoint is the adapter evaluated below. Its validation "
+              f"played {seeds} of the run's own envs (validation seeds, apart from training and from the "
+              "evaluation's), greedy; the best checkpoint is the adapter evaluated below. Its validation "
               "episodes count in the rollouts above.")
         doc.table(["adapter", "chosen step", "of", "validation success: base", "chosen", "last step", "note"],
                   [[f"`{n}`", c["step"], c["final_step"], _num(c.get("base_success"), ".2f"),
