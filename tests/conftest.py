@@ -98,6 +98,14 @@ def example_id() -> str:
 # ----------------------------------------------------------------------------- capability env helpers
 
 
+def load_script(name: str):
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package), for tests of its functions."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def child_pids() -> set[int]:
     """The pids of this test process's live children (every thread's): what a test compares before and after."""
     out: set[int] = set()

@@ -3,24 +3,18 @@ assistant's call up to the argument's opening quote; only episodes that name an 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-from pathlib import Path
-
 import pytest
+from conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "copy_probe.py"
 ENV = "trace/tau_airline-v0"
 KWARGS = {"scenarios": ["cancel", "flight_status"], "prompt": "compact"}
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("copy_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("copy_probe")
 
 
 @pytest.fixture(scope="module")

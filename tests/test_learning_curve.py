@@ -4,20 +4,13 @@ tested with it)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "learning_curve.py"
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def curve():
-    spec = importlib.util.spec_from_file_location("learning_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("learning_curve")
 
 
 def test_checkpoints_come_in_step_order_not_name_order(curve, tmp_path):
