@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trace_train.agents import HFAgent
     from trace_train.backends import RolloutJob, run_jobs
-    from trace_train.pipeline.config import load_config, parse_seeds
+    from trace_train.pipeline.config import ConfigError, load_config, parse_key_values, parse_seeds
     from trace_train.pipeline.stages.common import model_env_kwargs_fn
     from trace_train.rollouts import read_trajectories
     from trace_envs.core.registry import load_registry
@@ -74,14 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         env_id = entries[0].id
         kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
-    for item in args.env_kwarg:  # read as `trace rollout --env-kwarg` reads them: JSON, else a string
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"learning_curve: --env-kwarg {item!r} must look like key=value")
-        try:
-            kwargs[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            kwargs[key] = raw
+    try:  # read as `trace rollout --env-kwarg` reads them: JSON, else a string
+        kwargs.update(parse_key_values(args.env_kwarg, "--env-kwarg"))
+    except ConfigError as exc:
+        raise SystemExit(f"learning_curve: {exc}") from None
     seeds = parse_seeds("--seeds", args.seeds)
     out = (args.out or run_dir / "eval" / "curve" / (args.capability + ("-target" if args.target else ""))).resolve()
 

@@ -28,19 +28,12 @@ class CommandError(Exception):
 
 
 def parse_key_values(pairs: Iterable[str], flag: str) -> dict:
-    """``key=value`` command-line pairs (e.g. ``--env-kwarg difficulty=3``) as a dict.
+    """``key=value`` command-line pairs as a dict (:func:`trace_train.pipeline.config.parse_key_values`), a bad
+    pair reported as a :class:`CommandError`."""
+    from trace_train.pipeline.config import ConfigError
+    from trace_train.pipeline.config import parse_key_values as parse
 
-    Values are read as JSON when they parse (numbers, booleans, lists), else kept as strings.
-    """
-    import json
-
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise CommandError(f"{flag} {pair!r} must look like key=value")
-        key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    try:
+        return parse(pairs, flag)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None

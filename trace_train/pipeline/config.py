@@ -31,7 +31,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 #: The stages of a run, in order (DESIGN.md, "Run directory"); ``base`` prepares the base agent first.
 STAGES = ("base", "rollout", "diagnose", "generate", "train", "compose", "evaluate")
@@ -481,6 +481,24 @@ NOT_HASHED = {"rollout": ("engine",)}
 SECTIONS: dict[str, type] = {"base": BaseSection, "rollout": RolloutSection, "diagnose": DiagnoseSection,
                              "generate": GenerateSection, "train": TrainSection, "compose": ComposeSection,
                              "evaluate": EvaluateSection}
+
+
+def parse_key_values(pairs: Iterable[str], flag: str) -> dict:
+    """``key=value`` command-line pairs (e.g. ``--env-kwarg difficulty=3``) as a dict.
+
+    Values are read as JSON when they parse (numbers, booleans, lists), else kept as strings; a pair without
+    ``=`` is a :class:`ConfigError` that names ``flag``.
+    """
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"{flag} {pair!r} must look like key=value")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def parse_seeds(key: str, spec: Any) -> list[int]:

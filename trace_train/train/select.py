@@ -14,6 +14,7 @@ seeds or on the target to *show* the curve after a run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -109,8 +110,7 @@ class Selection:
     env_ids: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "adapter_dir": self.adapter_dir, "final_step": self.final_step, "rows": self.rows,
-                "seeds": self.seeds, "env_ids": self.env_ids}
+        return dataclasses.asdict(self)
 
 
 def choose(rows: list[dict]) -> int:

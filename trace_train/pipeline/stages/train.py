@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
 from trace_train.backends.local import _worker_pool
 
-from ..config import ConfigError
-from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY, _selected,
-                     _str, base_model_path, capability_envs, model_env_kwargs_fn, workspace_registries)
+from ..config import ConfigError, parse_seeds
+from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY,
+                     _fast_decode, _selected, _str, _tiny_episodes_seconds, base_model_path, capability_envs,
+                     model_env_kwargs_fn, workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +152,6 @@ def _select(ctx, key: str, record: dict) -> dict:
     from trace_train.compose.adapters import adapter_update_is_zero
     from trace_train.train.select import select_checkpoint
 
-    from ..config import parse_seeds
-
     if adapter_update_is_zero(record["adapter_dir"]):
         # B never left zero, so no checkpoint did either: every one of them is the base. Nothing to choose.
         return {**record, "selected": {"step": record["steps"], "final_step": record["steps"],
@@ -239,11 +239,6 @@ def estimate_train(ctx) -> tuple[float | None, str]:
 def _estimate_select(ctx, k: int, runs: int) -> tuple[float, int]:
     """Rough seconds and episodes of checkpoint selection: per GRPO run, the base and every ``select_every``-th
     of its saved checkpoints on the validation seeds of its envs (the multi baseline plays all ``k`` envs)."""
-    import math
-
-    from ..config import parse_seeds
-    from .common import _fast_decode, _tiny_episodes_seconds
-
     t = ctx.cfg.train
     seeds = len(parse_seeds("train.select_seeds", t.select_seeds))
     steps = t.max_steps
