@@ -136,36 +136,6 @@ def test_build_model_wires_the_circuit_of_a_preset(tmp_path, monkeypatch):
     assert tiny.head_dim >= tiny.copy_circuit.min_head_dim()
 
 
-def test_shape_features_mark_every_token_of_a_shape_alike_and_keep_the_copy(tokenizer):
-    """With ``shape_features`` every upper-case piece (the start of a reservation id) shares one embedding
-    direction, whatever its frequency; the circuit still copies; without the option the dimensions are noise."""
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    from trace_train.tiny.copy_circuit import SHAPES, CopyCircuit, copy_accuracy, install_copy_circuit, token_shape
-
-    assert [token_shape(t) for t in ("IIV", "33", "KFM33", "keith", "Jason", " ", '": "', "reservation_id")] == \
-        ["upper", "digits", "alnum", "lower", "capitalised", "space", "other", "other"]
-    circuit = CopyCircuit(**CIRCUIT_KW, shape_features=True)
-    model = Qwen3ForCausalLM(_config(tokenizer, circuit)).eval()
-    install_copy_circuit(model, tokenizer, circuit)
-    first = 4 * circuit.token_dim + 2
-    shapes = model.model.embed_tokens.weight[:len(tokenizer), first:first + len(SHAPES)]
-    for tid in (tokenizer.convert_tokens_to_ids(t) for t in ("name", "Ġ")):
-        want = torch.zeros(len(SHAPES))
-        want[SHAPES.index(token_shape(tokenizer.decode([tid])))] = circuit.shape_gain
-        assert torch.equal(shapes[tid], want)
-    assert torch.equal(shapes.sum(-1), torch.full((len(tokenizer),), circuit.shape_gain))
-    assert copy_accuracy(model, _repeated_random(len(tokenizer), n=2, length=120, seed=5)) >= 0.95
-    plain = Qwen3ForCausalLM(_config(tokenizer, CopyCircuit(**CIRCUIT_KW))).eval()
-    install_copy_circuit(plain, tokenizer, CopyCircuit(**CIRCUIT_KW))
-    assert not torch.equal(plain.model.embed_tokens.weight[:len(tokenizer), first:first + len(SHAPES)].sum(-1),
-                           torch.full((len(tokenizer),), circuit.shape_gain))
-    with pytest.raises(ValueError, match="shape_features"):
-        CopyCircuit(token_dim=32, free_dims=3, shape_features=True).check(_config(tokenizer, CopyCircuit(
-            token_dim=32, free_dims=3)))
-
-
 def test_frozen_circuit_survives_training(tokenizer):
     """Training with the circuit frozen changes the other weights but not what the copy heads attend to."""
     import torch

@@ -288,31 +288,6 @@ def test_ids_tokenize_the_same_in_prose_and_in_tool_calls(model_dir):
             assert any(tokens[i:i + len(pieces)] == pieces for i in range(len(tokens))), (value, context, tokens)
 
 
-def test_identifiers_split_gives_argument_names_one_token_and_keeps_ids_the_same_everywhere():
-    """The ``identifiers`` split (preset ``tiny-ids``): a snake_case argument name is one token, so the copy
-    circuit's three-token window before an id's opening quote tells ``reservation_id`` from ``user_id``; the
-    ``letters`` split ends both in the same ``_ id ": "``. Ids still tokenize the same in prose and calls."""
-    from trace_train.tiny.tokenizer import train_tokenizer
-
-    calls = [json.dumps({"user_id": f"mia_li_{n}", "reservation_id": f"ZF{n}Q"}) for n in range(1000, 1400)]
-    prose = [f"My user id is mia_li_{n}; cancel reservation ZF{n}Q." for n in range(1000, 1400)]
-    letters, identifiers = (train_tokenizer(calls + prose, 400, split) for split in ("letters", "identifiers"))
-
-    def window(tok, arg):  # the three tokens ending at the id's opening quote
-        return tok.encode(json.dumps({arg: "x"})[:-3]).tokens[-3:]
-
-    assert window(letters, "user_id") == window(letters, "reservation_id")
-    assert window(identifiers, "user_id") != window(identifiers, "reservation_id")
-    assert identifiers.encode("reservation_id").tokens == [identifiers.encode("reservation_id").tokens[0]]
-    for value in ("mia_li_1234", "ZF1234Q"):
-        pieces = identifiers.encode(value).tokens
-        for context in (f"My user id is {value}.", json.dumps({"user_id": value}), f"'{value}'"):
-            tokens = identifiers.encode(context).tokens
-            assert any(tokens[i:i + len(pieces)] == pieces for i in range(len(tokens))), (value, context, tokens)
-    with pytest.raises(ValueError, match="unknown tokenizer split"):
-        train_tokenizer(calls, 400, "words")
-
-
 def test_bootstrap_trains_and_saves(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 

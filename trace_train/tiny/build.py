@@ -53,9 +53,6 @@ class ModelPreset:
         rope_theta: RoPE base.
         copy_circuit: if set, the model is built with this hand-set induction (copy) circuit in its
             first two layers (:mod:`trace_train.tiny.copy_circuit`); the LM head is then untied.
-        split: the tokenizer's pre-tokenizer split, a key of
-            :data:`trace_train.tiny.tokenizer.SPLIT_PATTERNS` (``identifiers`` gives a tool argument's
-            name such as ``reservation_id`` one token, which the copy circuit needs to tell ids apart).
     """
 
     vocab_size: int
@@ -68,7 +65,6 @@ class ModelPreset:
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
     copy_circuit: CopyCircuit | None = None
-    split: str = "letters"
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -83,13 +79,6 @@ PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
                         rope_theta=1e28, copy_circuit=CopyCircuit()),
-    # The tiny preset made to copy ids that start with a rare token (a reservation id): argument names are
-    # single tokens (tokenizer split "identifiers"), so the copy head can tell "reservation_id": " from
-    # "user_id": " (with the tiny preset both end in the same three tokens), and each token's embedding starts
-    # with its shape (upper case, digits, ...: copy_circuit.SHAPES), so the head can find an id's first piece.
-    "tiny-ids": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
-                            rope_theta=1e28, copy_circuit=CopyCircuit(shape_features=True), split="identifiers"),
     # Still CPU-trainable, for runs that can afford tens of minutes.
     "small": ModelPreset(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=2, head_dim=32),
@@ -110,14 +99,7 @@ class BuildResult:
 
 def _content_key(preset: str, config: ModelPreset, texts: list[str], template: str, seed: int) -> str:
     h = hashlib.sha256()
-    # Options left at their defaults stay out of the key, so that builds made before they existed still match.
-    fields = asdict(config)
-    if fields["split"] == "letters":
-        del fields["split"]
-    circuit = fields.get("copy_circuit")
-    if circuit and not circuit["shape_features"]:
-        del circuit["shape_features"], circuit["shape_gain"]
-    h.update(json.dumps({"v": BUILD_VERSION, "preset": preset, "config": fields, "seed": seed},
+    h.update(json.dumps({"v": BUILD_VERSION, "preset": preset, "config": asdict(config), "seed": seed},
                         sort_keys=True).encode())
     h.update(hashlib.sha256(template.encode()).digest())
     for t in texts:
@@ -162,7 +144,7 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tok = wrap_tokenizer(train_tokenizer(texts, config.vocab_size, config.split), template)
+    tok = wrap_tokenizer(train_tokenizer(texts, config.vocab_size), template)
     vocab = len(tok)
     # Round the embedding table up to a multiple of 64 (faster matmuls); the extra rows are never produced.
     padded_vocab = int(math.ceil(vocab / 64) * 64)

@@ -19,8 +19,7 @@ The residual stream (``hidden_size = 4 * token_dim + 2 + free_dims``) is split i
 ``D``  the copied token, written by layer 1; the LM head reads it back (``lm_head[t, D] = A(t)``)
 const  a constant: the positional heads' queries and keys are built from it
 sink   set only on ``<|im_start|>``: the "nothing to copy" key of layer 1 head 0
-free   learned features (small random init); everything SFT needs besides copying. With
-       ``shape_features``, its first dimensions start as the token's *shape* (:data:`SHAPES`)
+free   learned features (small random init); everything SFT needs besides copying
 ====== ========================================================================================
 
 Layer 0 (positional heads): query and key come from the constant dimension only, so after Qwen3's
@@ -52,36 +51,6 @@ from typing import Any, Sequence
 
 SINK_TOKENS = ("<|im_start|>",)
 
-#: Token shapes written into the first free dimensions when ``CopyCircuit.shape_features`` is set: one
-#: indicator each, from the token's text. Why: layer 1 head 1 must learn which position *starts* a copy, and
-#: its key can only use what the residual stream holds there. A user id starts with a first name, a token the
-#: warm-up sees hundreds of times, so its learned embedding dimensions come to mark it; a reservation id
-#: (``IIVCHU``, ``KFM33B``) starts with one of thousands of rare upper-case pieces, each seen a few times, so
-#: nothing marks it and the head never finds it (measured: 0 of 28 reservation ids copied after a 1,200-step
-#: warm-up, the head's attention on other fields of the user record). An "upper-case letters" or "letters and
-#: digits" indicator is the same for every such piece, so one learned direction of the key can find them all.
-SHAPES = ("upper", "capitalised", "lower", "digits", "alnum", "space", "other")
-
-
-def token_shape(text: str) -> str:
-    """The :data:`SHAPES` class of a token's text (leading and trailing spaces ignored unless it is all space)."""
-    core = text.strip()
-    if not core:
-        return "space"
-    letters = any(c.isalpha() for c in core)
-    digits = any(c.isdigit() for c in core)
-    if not core.isalnum():
-        return "other"
-    if letters and digits:
-        return "alnum"
-    if digits:
-        return "digits"
-    if core.isupper():
-        return "upper"
-    if core[0].isupper():
-        return "capitalised"
-    return "lower"
-
 
 @dataclass(frozen=True)
 class CopyCircuit:
@@ -99,9 +68,6 @@ class CopyCircuit:
         prev_weight: weight ``λ`` of the token-before match relative to the current-token match.
         sink_weight: key weight of the sink dimension (score of "nothing to copy").
         learned_head_gain: output scale of layer 1 head 1 relative to the induction head.
-        shape_features: start the first ``len(SHAPES)`` free dimensions of each token's embedding as its
-            shape indicators (:data:`SHAPES`, scaled by ``shape_gain``) instead of noise; they still train.
-        shape_gain: value of a set shape indicator.
     """
 
     token_dim: int = 32
@@ -113,8 +79,6 @@ class CopyCircuit:
     prev_weight: float = 0.6
     sink_weight: float = 0.8
     learned_head_gain: float = 0.5
-    shape_features: bool = False
-    shape_gain: float = 2.0
 
     @property
     def hidden_size(self) -> int:
@@ -142,8 +106,6 @@ class CopyCircuit:
             problems.append(f"head_dim must be >= {self.min_head_dim()}")
         if getattr(config, "tie_word_embeddings", False):
             problems.append("the LM head must be untied (it reads the copy subspace D, not A)")
-        if self.shape_features and self.free_dims < len(SHAPES):
-            problems.append(f"shape_features needs free_dims >= {len(SHAPES)}")
         if self.positional_pairs > self.content_start_pair:
             problems.append("positional pairs overlap the content pairs")
         theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta") or getattr(config, "rope_theta")
@@ -187,11 +149,6 @@ def install_copy_circuit(model: Any, tokenizer: Any, circuit: CopyCircuit, seed:
         emb[:, A] = torch.randn(emb.shape[0], d, generator=gen)
         emb[:, const] = kappa
         emb[:, free] = 0.1 * torch.randn(emb.shape[0], circuit.free_dims, generator=gen)
-        if circuit.shape_features:
-            first = free.start
-            emb[:, first:first + len(SHAPES)] = 0.0
-            for tid in range(min(len(tokenizer), emb.shape[0])):
-                emb[tid, first + SHAPES.index(token_shape(tokenizer.decode([tid])))] = circuit.shape_gain
         for token in SINK_TOKENS:
             tid = tokenizer.convert_tokens_to_ids(token)
             emb[tid, A] = 0.0  # a sink copies nothing
@@ -341,5 +298,5 @@ def circuit_of(metadata: dict) -> CopyCircuit | None:
     return CopyCircuit(**spec) if spec else None
 
 
-__all__ = ["CopyCircuit", "SHAPES", "token_shape", "install_copy_circuit", "copy_accuracy", "circuit_gradient_masks", "freeze_copy_circuit",
+__all__ = ["CopyCircuit", "install_copy_circuit", "copy_accuracy", "circuit_gradient_masks", "freeze_copy_circuit",
            "circuit_of", "FREEZE_CHOICES", "SINK_TOKENS"]

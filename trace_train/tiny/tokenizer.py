@@ -41,22 +41,6 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_re
 #: arithmetic worth protecting. JSON punctuation such as ``": "`` becomes one token.
 _SPLIT_PATTERN = r"\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
 
-#: The pre-tokenizer splits a preset can choose (:attr:`trace_train.tiny.build.ModelPreset.split`).
-#:
-#: ``letters`` is :data:`_SPLIT_PATTERN`. ``identifiers`` keeps it but lets letter runs joined by underscores
-#: (``reservation_id``, ``flight_number``, ``get_user_details``) stay one pre-token, so BPE can give a tool
-#: argument's name one token. Why it matters for the copy circuit (:mod:`trace_train.tiny.copy_circuit`): the
-#: head that starts a copy decides *what* to copy from the last three tokens only (current, previous, the one
-#: before). With ``letters``, ``"user_id": "`` and ``"reservation_id": "`` both end in ``_ id ": "``, so that
-#: head cannot tell a user id from a reservation id and copies the same kind of id for both (measured with
-#: ``scripts/copy_probe.py``: the shipped base copies 30 of 30 flight numbers — ``number ": "`` is its own
-#: window — and 0 of 28 reservation ids). An id itself still splits the same way everywhere: ``mia_li_3668``
-#: is ``mia_li``, ``_``, ``3668`` in a user message and in a call alike.
-SPLIT_PATTERNS = {
-    "letters": _SPLIT_PATTERN,
-    "identifiers": r"\p{L}+(?:_\p{L}+)*|\p{N}+|[^\p{L}\p{N}]+",
-}
-
 
 def qwen3_chat_template() -> str:
     """TRL's Qwen3 chat template, read from the installed ``trl`` package (byte-identical)."""
@@ -139,18 +123,13 @@ def render_plain(messages: list[dict]) -> str:
     return "\n".join(out)
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, split: str = "letters"):
-    """A byte-level BPE tokenizer with the chat markup as added tokens.
-
-    ``split`` names the pre-tokenizer split, a key of :data:`SPLIT_PATTERNS`.
-    """
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (Qwen-style split) with the chat markup as added tokens."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if split not in SPLIT_PATTERNS:
-        raise ValueError(f"unknown tokenizer split {split!r}; choose one of {', '.join(SPLIT_PATTERNS)}")
     tok = Tokenizer(models.BPE(byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERNS[split]), behavior="isolated"),
+        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
