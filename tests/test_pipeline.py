@@ -39,6 +39,8 @@ def _write(tmp_path, text: str):
     ("train: {select_seeds: '0:20', options: {save_steps: 5}}\nevaluate: {env_seeds: '10:50'}",
      "train.select_seeds and evaluate.env_seeds share 10 seeds"),
     ("train: {select_seeds: '100:150', select_every: 0, options: {save_steps: 5}}", "train.select_every"),
+    ("compose: {router_data: selected}", "compose.router_data: selected trains the router on checkpoint selection"),
+    ("compose: {router_data: mine}", "compose.router_data: 'mine' is not one of oracle, selected"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:
@@ -317,3 +319,33 @@ def test_only_the_last_rounds_jobs_are_split_and_a_whole_output_is_never_split(t
     (tmp_path / "c.part0.jsonl").write_text("{}\n")  # a part a finished join left behind
     assert [len(g) for g in _split_last_round(jobs, 2)] == [1, 1, 1]
     assert not (tmp_path / "c.part0.jsonl").exists()
+
+
+def test_router_data_selected_takes_the_chosen_checkpoints_successes_and_falls_back_to_the_oracle(tmp_path,
+                                                                                                 model_dir):
+    """compose.router_data: selected trains the router on the successful episodes that checkpoint selection played
+    with each adapter's chosen checkpoint (at most router_seeds); an adapter with none (a zero update, or no
+    success) gets oracle episodes of its env, and the compose results say which each got."""
+    from trace_train.pipeline import Context
+    from trace_train.pipeline.stages.compose import router_episodes
+    from trace_train.rollouts import read_trajectories
+
+    env = "trace/precondition_verification-v1"
+    cfg = config_from_dict({"out": str(tmp_path), "compose": {"router_seeds": 2, "router_data": "selected"},
+                            "train": {"select_seeds": "100:104", "options": {"save_steps": 5}}})
+    ctx = Context(cfg, tmp_path, {"stages": {}}, progress=False)
+    played = tmp_path / "train" / "learnt" / "select" / "00010" / "trajectories.jsonl"
+    played.parent.mkdir(parents=True)
+    episodes = [{"env_id": env, "seed": 100 + i, "success": i != 1, "messages": [], "agent": "select step 10"}
+                for i in range(4)]
+    played.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    (tmp_path / "train" / "results.json").write_text(json.dumps({"adapters": {
+        "learnt": {"selected": {"step": 10, "final_step": 20}},
+        "flat": {"selected": {"step": 20, "final_step": 20, "skipped": "a zero update: every checkpoint is the base"}},
+    }}))
+    data, sources = router_episodes(ctx, ["learnt", "flat"], {"learnt": env, "flat": env}, model_dir)
+    learnt, flat = (read_trajectories(path) for path in data)
+    assert [r["seed"] for r in learnt] == [100, 102]  # successes only, at most router_seeds, in the order played
+    assert {r["agent"] for r in learnt} == {"select step 10"}
+    assert len(flat) == 2 and all(r["success"] for r in flat) and {r["agent"] for r in flat} == {"oracle"}
+    assert sources["learnt"].startswith("selected: 2 ") and sources["flat"].startswith("oracle: 2 episodes (")

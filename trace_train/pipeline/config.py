@@ -326,13 +326,22 @@ class TrainSection:
             _at_least("train.multi_steps", self.multi_steps, 1)
 
 
+#: Where the router's episodes come from (``compose.router_data``).
+ROUTER_DATA = ("oracle", "selected")
+
+
 @dataclass
 class ComposeSection:
     """Token-level top-1 MoE over the adapters (``trace compose``) and the composition baselines.
 
     Attributes:
         top_k: experts per token (1 = the method; 2 and 4 are the paper's ablation).
-        router_seeds: oracle episodes per capability env that train the gates (successful trajectories).
+        router_seeds: episodes per capability env that train the gates (successful trajectories).
+        router_data: where those episodes come from: ``oracle`` (the env's oracle, on seeds of their own) or
+            ``selected`` (the chosen checkpoint's own successful episodes from checkpoint selection, at most
+            ``router_seeds`` of them: tokens its adapter predicts better than the base does, which the oracle's
+            need not be; needs ``train.select_seeds``; an adapter without such episodes falls back to the
+            oracle's).
         merges: PEFT merges reported as baselines (``linear``, ``ties``; empty = none).
         per_episode: also report per-episode routing (one adapter chosen from the first observation).
         options: further keyword arguments of :func:`trace_train.compose.compose`; ``train`` holds the
@@ -343,6 +352,7 @@ class ComposeSection:
 
     top_k: int = 1
     router_seeds: int = 16
+    router_data: str = "oracle"
     merges: list = field(default_factory=lambda: ["linear", "ties"])
     per_episode: bool = True
     options: dict = field(default_factory=dict)
@@ -350,6 +360,7 @@ class ComposeSection:
     def validate(self) -> None:
         _at_least("compose.top_k", self.top_k, 1)
         _at_least("compose.router_seeds", self.router_seeds, 1)
+        _choice("compose.router_data", self.router_data, ROUTER_DATA)
         for m in self.merges:
             _choice("compose.merges[]", m, ("linear", "ties"))
         if "gate_input" in self.options:
@@ -454,6 +465,9 @@ class RunConfig:
         if overlap:
             raise ConfigError(f"evaluate.seeds and rollout.seeds share {len(overlap)} seeds (e.g. {min(overlap)}); "
                               "the evaluation seeds must be held out: make the two ranges disjoint")
+        if self.compose.router_data == "selected" and self.train.select_seeds is None:
+            raise ConfigError("compose.router_data: selected trains the router on checkpoint selection's episodes: "
+                              "set train.select_seeds (and train.options.save_steps), or router_data: oracle")
         if self.train.select_seeds is not None and self.evaluate.env_seeds:
             shared = set(parse_seeds("train.select_seeds", self.train.select_seeds)) & set(
                 parse_seeds("evaluate.env_seeds", self.evaluate.env_seeds))

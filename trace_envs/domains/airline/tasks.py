@@ -28,7 +28,11 @@ carry ``wrong_write``/``wrong_message``: what an agent that picks the wrong
 record or misreads a number would do.
 
 Knobs (in the size dict): ``bundle_prob`` (chance of a bundle), ``refusal_prob``
-(chance a family draws its refusal variant).
+(chance a family draws its refusal variant), ``uniform_status_prob`` (chance that a ``flight_status``
+request about today's flight gets a status drawn uniformly from today's four, ``landed``, ``flying``,
+``cancelled`` and ``delayed``, planted in the task's layer; default 0: the database's own status, where
+``landed`` is the majority). A capability env uses it so that no constant answer earns more than a quarter
+of those requests: only reading the tool's result does.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ from .db import (
 
 SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "passenger_update", "compensation",
              "flight_status", "info")
-DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3}
+DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0}
+#: The statuses a flight of today can have (``uniform_status_prob`` draws among them).
+TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed")
 AUTH_MESSAGE = "Welcome! To get started, could you please tell me your user id?"
 WRITE_TOOLS = ("book_reservation", "cancel_reservation", "update_reservation_baggages", "update_reservation_flights",
                "update_reservation_passengers", "send_certificate")
@@ -697,6 +703,10 @@ def _flight_status(g: _Gen) -> Request:
     if not days:
         raise Retry
     day = TODAY if TODAY in days and d.chance(0.6) else d.pick(days)
+    # No draw at all when the knob is off, so the default tasks stay the ones every seed gave before.
+    if day == TODAY and g.mix["uniform_status_prob"] > 0 and d.chance(g.mix["uniform_status_prob"]):
+        g.used.add((number, day))
+        g.set_status(number, day, {"status": d.pick(TODAY_STATUSES)})
     status = g.status(number, day)["status"]
     phrase = f"flight {number} on {day} {STATUS_WORDS.get(status, status)}"
     return Request("flight_status", f"What is the status of flight {number} on {day}?", "answer",

@@ -13,10 +13,50 @@ def _adapters(ctx) -> dict[str, str]:
     return dict(ctx.summary("train").get("adapters", {})) if ctx.done("train") else {}
 
 
-def run_compose(ctx) -> tuple[list[str], dict]:
+def _selected_successes(ctx, cap: str) -> list[dict]:
+    """The successful episodes that checkpoint selection played with ``cap``'s chosen checkpoint (its own envs'
+    validation seeds), or [] when there was no choice (selection off, or a zero update)."""
+    from trace_train.rollouts import read_trajectories
+
+    results = ctx.path("train", "results.json")
+    record = json.loads(results.read_text()).get("adapters", {}).get(cap, {}) if results.is_file() else {}
+    step = (record.get("selected") or {}).get("step")
+    path = ctx.path("train", cap, "select", f"{int(step or 0):05d}", "trajectories.jsonl")
+    if step is None or not path.is_file():
+        return []
+    return [r for r in read_trajectories(path) if r.get("success")]
+
+
+def router_episodes(ctx, names: list[str], env_ids: dict[str, str], model: str) -> tuple[list[str], dict[str, str]]:
+    """One file of router episodes per adapter in ``compose/data/``, and where each came from.
+
+    The gates learn from successful trajectories of each capability env, which carry the env id that the
+    optional label loss maps to its adapter: the oracle's (successful by construction; seeds far from the
+    training and evaluation seeds) or, with ``router_data: selected``, the chosen checkpoint's own.
+    """
     from trace_envs import OracleAgent
-    from trace_train import compose as C
     from trace_train.rollouts import run_rollouts
+
+    c = ctx.cfg.compose
+    data, sources = [], {}
+    for cap in names:
+        path = ctx.path("compose", "data", f"{cap}.jsonl")
+        own = _selected_successes(ctx, cap)[:c.router_seeds] if c.router_data == "selected" else []
+        if own:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in own))
+            sources[cap] = f"selected: {len(own)} successful episodes of the chosen checkpoint"
+        else:
+            run_rollouts(env_ids[cap], OracleAgent(), range(500_000, 500_000 + c.router_seeds), out=path,
+                         env_kwargs=model_env_kwargs_fn(model), progress=False, agent_name="oracle")
+            sources[cap] = f"oracle: {c.router_seeds} episodes" + (
+                " (the chosen checkpoint has no successful episode)" if c.router_data == "selected" else "")
+        data.append(str(path))
+    return data, sources
+
+
+def run_compose(ctx) -> tuple[list[str], dict]:
+    from trace_train import compose as C
 
     c = ctx.cfg.compose
     adapters = _adapters(ctx)
@@ -27,22 +67,15 @@ def run_compose(ctx) -> tuple[list[str], dict]:
     model = base_model_path(ctx)
     envs = capability_envs(ctx)
     names = list(adapters)
-    # The gates learn from successful trajectories of each capability env; the oracle's are successful by
-    # construction and carry the env id that the optional label loss maps to its adapter. Seeds far from
-    # the training and evaluation seeds.
-    data = []
-    for cap in names:
-        path = ctx.path("compose", "data", f"{cap}.jsonl")
-        run_rollouts(envs[cap]["env_id"], OracleAgent(), range(500_000, 500_000 + c.router_seeds), out=path,
-                     env_kwargs=model_env_kwargs_fn(model), progress=False, agent_name="oracle")
-        data.append(str(path))
+    data, sources = router_episodes(ctx, names, {n: envs[n]["env_id"] for n in names}, model)
     baselines = [m for m in c.merges] + (["per_episode"] if c.per_episode and len(names) > 1 else [])
     options = {"progress": ctx.progress, "device": ctx.cfg.base.device, "threads": ctx.cfg.base.threads,
                **c.options}
     res = C.compose(model, {n: adapters[n] for n in names}, data, ctx.path("compose", "moe"), top_k=c.top_k,
                     adapter_envs={n: [envs[n]["env_id"]] for n in names}, baselines=baselines, **options)
     methods = json.loads(Path(res.methods_json).read_text()) if res.methods_json else {}
-    results = {"adapters": adapters, "data": data, "router_episodes": len(names) * c.router_seeds,
+    results = {"adapters": adapters, "data": data, "router_data": sources,
+               "router_episodes": len(names) * c.router_seeds,
                "router_trained_on": res.episodes, "dropped_zero_updates": res.dropped,
                "labelled_envs": res.labelled_envs,
                "moe": {"out_dir": str(res.out_dir), "routing_csv": _str(res.routing_csv),
