@@ -29,10 +29,10 @@ record or misreads a number would do.
 
 Knobs (in the size dict): ``bundle_prob`` (chance of a bundle), ``refusal_prob``
 (chance a family draws its refusal variant), ``uniform_status_prob`` (chance that a ``flight_status``
-request about today's flight gets a status drawn uniformly from today's four, ``landed``, ``flying``,
-``cancelled`` and ``delayed``, planted in the task's layer; default 0: the database's own status, where
-``landed`` is the majority). A capability env uses it so that no constant answer earns more than a quarter
-of those requests: only reading the tool's result does.
+request about today's flight gets a status drawn uniformly from today's five, ``landed``, ``flying``,
+``cancelled``, ``delayed`` and ``on time``, planted in the task's layer; default 0: the database's own status,
+where ``landed`` is the majority). A capability env can use it so that no constant answer earns more than a
+fifth of those requests: only reading the tool's result does.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "p
              "flight_status", "info")
 DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0}
 #: The statuses a flight of today can have (``uniform_status_prob`` draws among them).
-TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed")
+TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed", "on time")
 AUTH_MESSAGE = "Welcome! To get started, could you please tell me your user id?"
 WRITE_TOOLS = ("book_reservation", "cancel_reservation", "update_reservation_baggages", "update_reservation_flights",
                "update_reservation_passengers", "send_certificate")
