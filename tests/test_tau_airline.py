@@ -93,8 +93,9 @@ def test_same_seed_same_fingerprint_across_processes():
     assert a == b and len(set(a)) == 3
 
 
-def _today_statuses(env, seeds) -> collections.Counter:
-    """The statuses get_flight_status returns for today's flights in the oracle's episodes of ``seeds``."""
+def _statuses(env, seeds, when) -> collections.Counter:
+    """The statuses get_flight_status returns in the oracle's episodes of ``seeds`` for the flights whose date
+    ``when`` accepts."""
     seen = collections.Counter()
     for seed in seeds:
         record = rollout(env, OracleAgent(), seed=seed)
@@ -102,24 +103,30 @@ def _today_statuses(env, seeds) -> collections.Counter:
         calls = [c["function"] for m in record["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []]
         results = [m["content"] for m in record["messages"] if m["role"] == "tool" and m.get("name") == "get_flight_status"]
         dates = [json.loads(c["arguments"])["date"] for c in calls if c["name"] == "get_flight_status"]
-        seen.update(r.strip() for r, d in zip(results, dates) if d == "2024-05-15")
+        seen.update(r.strip() for r, d in zip(results, dates) if when(d))
     return seen
 
 
 def test_uniform_status_prob_spreads_todays_statuses_and_leaves_the_default_draws_alone():
-    """``uniform_status_prob: 1`` plants a status of today's flights drawn uniformly, so no constant answer earns
-    most flight-status requests (in the database ``landed`` is the majority); the oracle still solves every task,
-    and with the knob at its default the tasks are the ones every seed gave before."""
+    """``uniform_status_prob: 1`` plants the status of a flight of today or of a past day, drawn uniformly from
+    those the day allows, so no constant answer earns most flight-status requests (in the database ``landed``
+    is the majority); the oracle still solves every task, and with the knob at its default the tasks are the
+    ones every seed gave before."""
     size = {"bundle_prob": 0.0}
     natural = gym.make(ENV_ID, scenarios=["flight_status"], size=size)
     uniform = gym.make(ENV_ID, scenarios=["flight_status"], size={**size, "uniform_status_prob": 1.0})
     zero = gym.make(ENV_ID, scenarios=["flight_status"], size={**size, "uniform_status_prob": 0.0})
     try:
         seeds = range(120)
-        planted, db = _today_statuses(uniform, seeds), _today_statuses(natural, seeds)
+        today = lambda day: day == "2024-05-15"  # noqa: E731
+        past = lambda day: day < "2024-05-15"  # noqa: E731
+        planted, db = _statuses(uniform, seeds, today), _statuses(natural, seeds, today)
         assert set(planted) == {"landed", "flying", "cancelled", "delayed", "on time"}
         assert max(planted.values()) / sum(planted.values()) < 0.4  # no status is the answer to most of them
         assert db.most_common(1)[0][0] == "landed" and db["landed"] / sum(db.values()) > 0.4
+        planted_past, db_past = _statuses(uniform, seeds, past), _statuses(natural, seeds, past)
+        assert set(planted_past) == {"landed", "cancelled"}  # a past day allows only these two
+        assert db_past.most_common(1)[0][0] == "landed"
         for seed in (0, 5, 77):
             natural.reset(seed=seed)
             zero.reset(seed=seed)

@@ -29,10 +29,11 @@ record or misreads a number would do.
 
 Knobs (in the size dict): ``bundle_prob`` (chance of a bundle), ``refusal_prob``
 (chance a family draws its refusal variant), ``uniform_status_prob`` (chance that a ``flight_status``
-request about today's flight gets a status drawn uniformly from today's five, ``landed``, ``flying``,
-``cancelled``, ``delayed`` and ``on time``, planted in the task's layer; default 0: the database's own status,
-where ``landed`` is the majority). A capability env can use it so that no constant answer earns more than a
-fifth of those requests: only reading the tool's result does.
+request about a flight of today or of a past day gets a status drawn uniformly from those the day allows,
+planted in the task's layer: today ``landed``, ``flying``, ``cancelled``, ``delayed`` or ``on time``, a past
+day ``landed`` or ``cancelled``; default 0: the database's own status, where ``landed`` is the large
+majority). A capability env can use it so that a constant answer earns little of those requests: only
+reading the tool's result earns them all.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ from .db import (
 SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "passenger_update", "compensation",
              "flight_status", "info")
 DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0}
-#: The statuses a flight of today can have (``uniform_status_prob`` draws among them).
+#: The statuses a flight of today, and of a past day, can have (``uniform_status_prob`` draws among them).
 TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed", "on time")
+PAST_STATUSES = ("landed", "cancelled")
 AUTH_MESSAGE = "Welcome! To get started, could you please tell me your user id?"
 WRITE_TOOLS = ("book_reservation", "cancel_reservation", "update_reservation_baggages", "update_reservation_flights",
                "update_reservation_passengers", "send_certificate")
@@ -704,9 +706,9 @@ def _flight_status(g: _Gen) -> Request:
         raise Retry
     day = TODAY if TODAY in days and d.chance(0.6) else d.pick(days)
     # No draw at all when the knob is off, so the default tasks stay the ones every seed gave before.
-    if day == TODAY and g.mix["uniform_status_prob"] > 0 and d.chance(g.mix["uniform_status_prob"]):
+    if day <= TODAY and g.mix["uniform_status_prob"] > 0 and d.chance(g.mix["uniform_status_prob"]):
         g.used.add((number, day))
-        g.set_status(number, day, {"status": d.pick(TODAY_STATUSES)})
+        g.set_status(number, day, {"status": d.pick(TODAY_STATUSES if day == TODAY else PAST_STATUSES)})
     status = g.status(number, day)["status"]
     phrase = f"flight {number} on {day} {STATUS_WORDS.get(status, status)}"
     return Request("flight_status", f"What is the status of flight {number} on {day}?", "answer",
