@@ -343,9 +343,10 @@ def test_router_data_selected_takes_the_chosen_checkpoints_successes_and_falls_b
         "learnt": {"selected": {"step": 10, "final_step": 20}},
         "flat": {"selected": {"step": 20, "final_step": 20, "skipped": "a zero update: every checkpoint is the base"}},
     }}))
-    data, sources = router_episodes(ctx, ["learnt", "flat"], {"learnt": env, "flat": env}, model_dir)
+    data, sources, played = router_episodes(ctx, ["learnt", "flat"], {"learnt": env, "flat": env}, model_dir)
     learnt, flat = (read_trajectories(path) for path in data)
     assert [r["seed"] for r in learnt] == [100, 102]  # successes only, at most router_seeds, in the order played
     assert {r["agent"] for r in learnt} == {"select step 10"}
     assert len(flat) == 2 and all(r["success"] for r in flat) and {r["agent"] for r in flat} == {"oracle"}
     assert sources["learnt"].startswith("selected: 2 ") and sources["flat"].startswith("oracle: 2 episodes (")
+    assert played == 2  # selection's episodes were counted when they were played; only the oracle's are new

@@ -45,8 +45,9 @@ class TauAirlineEnv(TauEnv):
     Arguments:
         ``size`` ("small" default, "medium", "tau2" = τ²-bench's entity counts, or a dict; the dict may
         also set ``bundle_prob``, ``refusal_prob`` and ``uniform_status_prob``: see the tasks module),
-        ``db_seed`` (fixed database, tasks vary with the seed), ``scenarios`` / ``exclude_scenarios`` (families: cancel, flight_change, cabin_change,
-        baggage, booking, passenger_update, compensation, flight_status, info), ``tau2_data`` (folder with
+        ``db_seed`` (fixed database, tasks vary with the seed), ``scenarios`` / ``exclude_scenarios``
+        (families: cancel, flight_change, cabin_change, baggage, booking, passenger_update, compensation,
+        flight_status, info), ``tau2_data`` (folder with
         τ²-bench's airline ``db.json`` and ``tasks.json``) and ``task_id``, ``user`` ("scripted" or an LLM
         endpoint dict), ``prompt`` ("full" or "compact" policy), ``reward_basis``, ``tau2_compat``
         (τ²-bench's own reward on its official tasks; on by default with ``tau2_data``, see

@@ -27,8 +27,10 @@ def _selected_successes(ctx, cap: str) -> list[dict]:
     return [r for r in read_trajectories(path) if r.get("success")]
 
 
-def router_episodes(ctx, names: list[str], env_ids: dict[str, str], model: str) -> tuple[list[str], dict[str, str]]:
-    """One file of router episodes per adapter in ``compose/data/``, and where each came from.
+def router_episodes(ctx, names: list[str], env_ids: dict[str, str],
+                    model: str) -> tuple[list[str], dict[str, str], int]:
+    """One file of router episodes per adapter in ``compose/data/``, where each came from, and how many episodes
+    were played for them (the oracle's; the chosen checkpoint's were played, and counted, by selection).
 
     The gates learn from successful trajectories of each capability env, which carry the env id that the
     optional label loss maps to its adapter: the oracle's (successful by construction; seeds far from the
@@ -38,7 +40,7 @@ def router_episodes(ctx, names: list[str], env_ids: dict[str, str], model: str) 
     from trace_train.rollouts import run_rollouts
 
     c = ctx.cfg.compose
-    data, sources = [], {}
+    data, sources, played = [], {}, 0
     for cap in names:
         path = ctx.path("compose", "data", f"{cap}.jsonl")
         own = _selected_successes(ctx, cap)[:c.router_seeds] if c.router_data == "selected" else []
@@ -49,10 +51,11 @@ def router_episodes(ctx, names: list[str], env_ids: dict[str, str], model: str) 
         else:
             run_rollouts(env_ids[cap], OracleAgent(), range(500_000, 500_000 + c.router_seeds), out=path,
                          env_kwargs=model_env_kwargs_fn(model), progress=False, agent_name="oracle")
+            played += c.router_seeds
             sources[cap] = f"oracle: {c.router_seeds} episodes" + (
                 " (the chosen checkpoint has no successful episode)" if c.router_data == "selected" else "")
         data.append(str(path))
-    return data, sources
+    return data, sources, played
 
 
 def run_compose(ctx) -> tuple[list[str], dict]:
@@ -67,7 +70,7 @@ def run_compose(ctx) -> tuple[list[str], dict]:
     model = base_model_path(ctx)
     envs = capability_envs(ctx)
     names = list(adapters)
-    data, sources = router_episodes(ctx, names, {n: envs[n]["env_id"] for n in names}, model)
+    data, sources, played = router_episodes(ctx, names, {n: envs[n]["env_id"] for n in names}, model)
     baselines = [m for m in c.merges] + (["per_episode"] if c.per_episode and len(names) > 1 else [])
     options = {"progress": ctx.progress, "device": ctx.cfg.base.device, "threads": ctx.cfg.base.threads,
                **c.options}
@@ -75,7 +78,7 @@ def run_compose(ctx) -> tuple[list[str], dict]:
                     adapter_envs={n: [envs[n]["env_id"]] for n in names}, baselines=baselines, **options)
     methods = json.loads(Path(res.methods_json).read_text()) if res.methods_json else {}
     results = {"adapters": adapters, "data": data, "router_data": sources,
-               "router_episodes": len(names) * c.router_seeds,
+               "router_episodes": played,  # env episodes the router cost ("rollouts spent")
                "router_trained_on": res.episodes, "dropped_zero_updates": res.dropped,
                "labelled_envs": res.labelled_envs,
                "moe": {"out_dir": str(res.out_dir), "routing_csv": _str(res.routing_csv),
