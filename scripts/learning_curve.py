@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from trace_train.train.select import checkpoints as saved_checkpoints
-from trace_train.train.select import curve_point, every_nth, write_curve
+from trace_train.train.select import curve_point, every_nth, step_episodes, write_curve
 
 __all__ = ["checkpoints", "curve_point", "main"]
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                        make=functools.partial(HFAgent, model, adapter=adapter, threads=1,
                                               max_new_tokens=cfg.base.max_new_tokens, temperature=0.0,
                                               seed=cfg.seed, name=f"step-{step}"),
-                       out=out / f"{step:05d}" / "trajectories.jsonl", in_flight=args.in_flight,
+                       out=step_episodes(out, step), in_flight=args.in_flight,
                        env_kwargs={env_id: kwargs}, registries=[str(registry)], retry_env_errors=True,
                        progress=True, agent_name=f"step-{step}")
             for step, adapter in plays]

@@ -122,6 +122,11 @@ def choose(rows: list[dict]) -> int:
     return max(trained, key=lambda r: (r["success"], r["reward"], r["step"]))["step"]
 
 
+def step_episodes(out: str | Path, step: int) -> Path:
+    """Where the episodes played with step ``step``'s checkpoint go under ``out`` (step 0 is the base)."""
+    return Path(out) / f"{step:05d}" / "trajectories.jsonl"
+
+
 def select_checkpoint(model: str, run_dir: str | Path, env_ids: Sequence[str], seeds: Sequence[int], out: str | Path,
                       env_kwargs: Callable[[str], dict], every: int = 1, workers: int = 1, in_flight: int = 50,
                       registries: Sequence[str] = (), max_new_tokens: int = 96, decode: str = "auto",
@@ -159,7 +164,7 @@ def select_checkpoint(model: str, run_dir: str | Path, env_ids: Sequence[str], s
                        make=functools.partial(HFAgent, model, adapter=adapter, threads=threads,
                                               max_new_tokens=max_new_tokens, temperature=0.0, seed=seed,
                                               decode=decode, name=f"step-{step}"),
-                       out=out / f"{step:05d}" / "trajectories.jsonl", in_flight=in_flight,
+                       out=step_episodes(out, step), in_flight=in_flight,
                        env_kwargs={e: env_kwargs(e) for e in env_ids}, registries=list(registries),
                        retry_env_errors=True, progress=progress, agent_name=f"step-{step}")
             for step, adapter in plays]
@@ -178,4 +183,4 @@ def select_checkpoint(model: str, run_dir: str | Path, env_ids: Sequence[str], s
 
 
 __all__ = ["CURVE_FIELDS", "Selection", "checkpoints", "choose", "curve_point", "every_nth", "plot_curve",
-           "select_checkpoint", "write_curve"]
+           "select_checkpoint", "step_episodes", "write_curve"]

@@ -17,14 +17,15 @@ def _selected_successes(ctx, cap: str) -> list[dict]:
     """The successful episodes that checkpoint selection played with ``cap``'s chosen checkpoint (its own envs'
     validation seeds), or [] when there was no choice (selection off, or a zero update)."""
     from trace_train.rollouts import read_trajectories
+    from trace_train.train.select import step_episodes
 
     results = ctx.path("train", "results.json")
     record = json.loads(results.read_text()).get("adapters", {}).get(cap, {}) if results.is_file() else {}
     step = (record.get("selected") or {}).get("step")
-    path = ctx.path("train", cap, "select", f"{int(step or 0):05d}", "trajectories.jsonl")
-    if step is None or not path.is_file():
+    if step is None:
         return []
-    return [r for r in read_trajectories(path) if r.get("success")]
+    path = step_episodes(ctx.path("train", cap, "select"), int(step))
+    return [r for r in read_trajectories(path) if r.get("success")] if path.is_file() else []
 
 
 def router_episodes(ctx, names: list[str], env_ids: dict[str, str],
