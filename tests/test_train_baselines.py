@@ -4,6 +4,7 @@
   adapter; the per-step log has each env's mean reward.
 * ``trace train --sft --env A --env B`` trains a LoRA on both envs' oracle episodes with the bootstrap's
   SFT code; the adapter loads with ``PeftModel.from_pretrained`` and changes the model's outputs.
+* ``sft_warmup_steps``: GRPO trains on from the LoRA that SFT on the oracle episodes fitted first.
 """
 
 from __future__ import annotations
@@ -72,6 +73,49 @@ def test_sft_baseline_trains_a_lora_on_the_oracle_episodes(nano, tmp_path):
     assert meta["bootstrap"]["mixture"][ENVS[1]]["episodes"] == 2
     losses = [float(line.split(",")[1]) for line in result.log_csv.read_text().splitlines()[1:]]
     assert len(losses) == 6 and losses[-1] < losses[0]
+
+
+def _lora_weights(adapter) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter / "adapter_model.safetensors"))
+
+
+def test_sft_warmup_fits_the_lora_that_grpo_then_trains(nano, tmp_path):
+    """``sft_warmup_steps``: GRPO starts from the LoRA the SFT warm-up fitted, not from a fresh one (whose B is
+    zero, so it would not change the outputs). At a learning rate of 1e-12 GRPO's one step leaves the warm-up's
+    weights as they were; the warm-up is fitted once and reused by a second run in the same folder."""
+    import torch
+
+    from trace_train.train.grpo import TrainConfig, train
+
+    cfg = dict(env_ids=ENVS[:1], env_kwargs={"difficulty": 1}, model=nano, output_dir=str(tmp_path / "warm"),
+               sft_warmup_steps=4, sft_episodes=2, sft_batch_size=2, sft_lr=1e-2, lora_r=4, lora_alpha=8,
+               max_steps=1, group_size=2, groups_per_step=1, learning_rate=1e-12, calibration_groups=0,
+               num_seeds=1, max_turn_tokens=16, max_tool_calling_iterations=2, progress=False, plot=False)
+    result = train(TrainConfig(**cfg))
+    warm = TrainConfig(**cfg).warmup_dir
+    assert json.loads((warm / "done.json").read_text())["steps"] == 4
+    before, after = _lora_weights(warm / "adapter"), _lora_weights(result.adapter_dir)
+    assert before.keys() == after.keys() and any(k.endswith("lora_B.weight") for k in before)
+    assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)
+    assert any(before[k].abs().max() > 0 for k in before if k.endswith("lora_B.weight"))
+    assert _changes_outputs(nano, str(result.adapter_dir)) > 1e-4
+    meta = json.loads((result.adapter_dir / "trace_adapter.json").read_text())
+    assert meta["method"] == "grpo" and meta["sft_warmup_steps"] == 4 and result.steps == 1
+
+    stamp = (warm / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
+    train(TrainConfig(**cfg))  # the same folder again: the finished warm-up is reused, not refitted
+    assert (warm / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_sft_warmup_is_checked():
+    from trace_train.train.grpo import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="sft_warmup_steps.*sft_steps"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft=True, sft_warmup_steps=5)
+    with pytest.raises(ConfigError, match="sft_warmup_steps"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_warmup_steps=-1)
 
 
 def test_calibration_warns_with_the_figures_and_the_knob(nano, tmp_path, caplog):

@@ -117,11 +117,15 @@ class TrainConfig:
     hint_text: str | None = _help("the hint (default: the env's hint_text attribute if it has one, else its registry "
                                   "description)", default=None)
 
-    # ------------------------------------------------------------------ SFT baseline (sft: true)
+    # ------------------------------------------------------------------ SFT baseline (sft: true) and warm-up
     sft_episodes: int = _help("oracle episodes per env for --sft", default=200)
     sft_steps: int = _help("optimiser steps for --sft", default=200)
     sft_lr: float = _help("learning rate for --sft", default=1e-3)
     sft_batch_size: int = _help("episodes per step for --sft", default=4)
+    sft_warmup_steps: int = _help("GRPO with an SFT warm-up: the LoRA is first fitted for this many steps on the "
+                                  "envs' oracle episodes (sft_episodes, sft_lr, sft_batch_size), then GRPO trains "
+                                  "the same LoRA on (the cold start of R1-style recipes: GRPO from a policy that "
+                                  "already does the skill sometimes; 0 = off)", default=0)
 
     # ------------------------------------------------------------------ device, checkpoints, logs
     device: str = _help("cpu (fp32, one torch thread, use_cpu), cuda (bf16, optional vLLM), or auto", default="auto")
@@ -222,6 +226,11 @@ class TrainConfig:
             self._fail("lora_target_modules", "name at least one module, e.g. [q_proj, v_proj]")
         if not self.temperature > 0:
             self._fail("temperature", "use a value > 0 (GRPO needs sampled, differing rollouts; 0.7-1.0 is usual)")
+        if isinstance(self.sft_warmup_steps, bool) or not isinstance(self.sft_warmup_steps, int) \
+                or self.sft_warmup_steps < 0:
+            self._fail("sft_warmup_steps", "use an integer >= 0 (0: GRPO from a fresh LoRA)")
+        if self.sft and self.sft_warmup_steps:
+            self._fail("sft_warmup_steps", "the warm-up is for GRPO runs; with sft: true set sft_steps instead")
         for name in ("learning_rate", "sft_lr"):
             if not getattr(self, name) > 0:
                 self._fail(name, "use a value > 0 (1e-5 for Qwen3 models, ~1e-3 for the tiny CPU model)")
@@ -348,6 +357,11 @@ class TrainConfig:
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.output_dir) / "checkpoints"
+
+    @property
+    def warmup_dir(self) -> Path:
+        """Where the SFT warm-up's LoRA (``sft_warmup_steps``) is written; GRPO starts from it."""
+        return Path(self.output_dir) / "sft_warmup"
 
     def resolved_device(self) -> str:
         """``cpu`` or ``cuda`` (``auto``: cuda when torch sees one)."""

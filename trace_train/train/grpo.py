@@ -760,8 +760,16 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                  else next(iter(factories.values()))}
     log_csv = out / "train_log.csv"
     logger_cb = _step_logger(cfg, rollouts, log_csv, start_step)
+    peft_config = cfg.lora_config()
+    if cfg.sft_warmup_steps:
+        from peft import PeftModel
+
+        # GRPO trains the warm-up's LoRA on (a resumed run's checkpoint then overwrites these weights). With
+        # beta > 0 TRL keeps a frozen copy of it as the reference: the KL term holds GRPO near the SFT policy.
+        model = PeftModel.from_pretrained(model, str(sft_warmup(cfg, env_kwargs, device)), is_trainable=True)
+        peft_config = None
     trainer = trainer_cls(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
-                          peft_config=cfg.lora_config(), callbacks=[logger_cb, *callbacks], **extra)
+                          peft_config=peft_config, callbacks=[logger_cb, *callbacks], **extra)
     trainer.trace_shared_prefix = _shared_prefix_loss(cfg, trainer.model, device)
     if cfg.max_minutes:
         trainer.add_callback(_time_budget(cfg.max_minutes))
@@ -772,7 +780,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     tokenizer.save_pretrained(str(cfg.adapter_dir))
     (cfg.adapter_dir / "trace_adapter.json").write_text(json.dumps(
         {"base_model": str(cfg.model), "method": "grpo", "env_ids": cfg.env_ids, "env_kwargs": env_kwargs,
-         "steps": trainer.state.global_step}, indent=2))
+         "steps": trainer.state.global_step, "sft_warmup_steps": cfg.sft_warmup_steps}, indent=2))
     curve = plot_reward_curve(log_csv, out / "reward_curve.png",
                               f"GRPO on {', '.join(cfg.env_ids)}") if cfg.plot and log_csv.exists() else None
     rows = read_log(log_csv) if log_csv.exists() else []
@@ -782,6 +790,26 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
     (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
+
+
+def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Path:
+    """The SFT warm-up of ``cfg.sft_warmup_steps`` steps on the envs' oracle episodes: fits the LoRA once into
+    ``cfg.warmup_dir / "adapter"`` (a finished one is reused, so an interrupted run resumes without refitting) and
+    returns that folder. Its loss curve and ``loss.json`` sit beside the adapter."""
+    from .sft import fit_sft_lora
+
+    adapter = cfg.warmup_dir / "adapter"
+    done = cfg.warmup_dir / "done.json"
+    if done.exists() and json.loads(done.read_text()).get("steps") == cfg.sft_warmup_steps:
+        return adapter
+    t0 = time.perf_counter()
+    result = fit_sft_lora(cfg, env_kwargs, device, adapter, cfg.sft_warmup_steps)
+    done.write_text(json.dumps({"steps": cfg.sft_warmup_steps, "episodes": result.examples,
+                                "final_loss": result.losses[-1], "seconds": round(time.perf_counter() - t0, 1)},
+                               indent=2))
+    logger.info("SFT warm-up: %d steps on %d oracle episodes, final loss %.3f", cfg.sft_warmup_steps,
+                result.examples, result.losses[-1])
+    return adapter
 
 
 def _check_policy_endpoint(cfg: TrainConfig) -> None:

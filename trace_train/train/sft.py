@@ -16,25 +16,34 @@ from .config import TrainConfig
 from .grpo import TrainResult
 
 
-def train_sft(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, t0: float) -> TrainResult:
-    """The "SFT on synthetic data" baseline: a LoRA trained on the envs' oracle episodes with the bootstrap's
-    SFT code (:func:`trace_train.tiny.bootstrap.bootstrap_model` with ``lora``), the first env as its target and the
-    others as a mixture of the same size."""
+def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int,
+                 progress: bool | None = None):
+    """Fit a LoRA on the envs' oracle episodes with the bootstrap's SFT code
+    (:func:`trace_train.tiny.bootstrap.bootstrap_model` with ``lora``): the first env as its target and the others as
+    a mixture of the same size. Writes the adapter (PEFT format) to ``out`` and returns the
+    :class:`~trace_train.tiny.bootstrap.BootstrapResult`. Used by the SFT baseline and by GRPO's SFT warm-up
+    (``TrainConfig.sft_warmup_steps``)."""
     from ..tiny.bootstrap import BootstrapConfig, bootstrap_model
 
     first, *others = cfg.env_ids
     target_kwargs = {k: v for k, v in env_kwargs[first].items() if k != "prompt"}
     prompt = env_kwargs[first].get("prompt", "compact")
-    boot = BootstrapConfig(target=first, base=cfg.model, out=str(cfg.adapter_dir), train_seeds=cfg.sft_episodes,
-                           seed_offset=cfg.train_seed_range()[0], steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
-                           lr=cfg.sft_lr, warmup_steps=min(10, cfg.sft_steps), prompt=prompt if prompt in
+    boot = BootstrapConfig(target=first, base=cfg.model, out=str(out), train_seeds=cfg.sft_episodes,
+                           seed_offset=cfg.train_seed_range()[0], steps=steps, batch_size=cfg.sft_batch_size,
+                           lr=cfg.sft_lr, warmup_steps=min(10, steps), prompt=prompt if prompt in
                            ("compact", "full") else "compact", threads=cfg.threads, device=device, seed=cfg.seed,
                            env_kwargs=target_kwargs, mixture={e: 1.0 for e in others},
                            mixture_env_kwargs={k: v for k, v in cfg.env_kwargs.items()},
                            lora={"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                                  "target_modules": list(cfg.lora_target_modules)})
+    return bootstrap_model(boot, progress=cfg.progress if progress is None else progress)
+
+
+def train_sft(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, t0: float) -> TrainResult:
+    """The "SFT on synthetic data" baseline: :func:`fit_sft_lora` for ``cfg.sft_steps`` steps, written as a
+    GRPO run's files."""
     cfg.to_yaml(Path(cfg.output_dir) / "train_config.yaml")
-    result = bootstrap_model(boot, progress=cfg.progress)
+    result = fit_sft_lora(cfg, env_kwargs, device, cfg.adapter_dir, cfg.sft_steps)
     out = Path(cfg.output_dir)
     log_csv = out / "train_log.csv"
     with open(log_csv, "w", newline="") as f:

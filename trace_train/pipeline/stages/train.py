@@ -215,17 +215,21 @@ def estimate_train(ctx) -> tuple[float | None, str]:
         return None, f"{k} adapters × {t.max_steps} GRPO steps (time depends on the model and the GPUs)"
     runs = k + k * t.multi_baseline * (k > 1)  # the multi baseline gets the budget of all k adapters
     sft = t.sft_baseline * (t.sft_steps * SECONDS_PER_SFT_STEP_TINY + 30.0)
+    # train.options.sft_warmup_steps: every GRPO run first fits its LoRA by SFT (outside its max_minutes).
+    warm = int(t.options.get("sft_warmup_steps") or 0) * SECONDS_PER_SFT_STEP_TINY
     # Several workers: the runs share them; no fewer seconds than the longest run (the multi baseline's).
     longest = k * t.multi_baseline * (k > 1) or 1
     if t.max_minutes:
-        total = runs * (t.max_minutes * 60 + 30.0) + sft
-        floor = longest * (t.max_minutes * 60 + 30.0)
+        total = runs * (t.max_minutes * 60 + 30.0 + warm) + sft
+        floor = longest * (t.max_minutes * 60 + 30.0) + warm
         what = f"{k} adapters × {t.max_minutes:g} min of GRPO + the multi-capability and SFT baselines"
     else:
         per_step = SECONDS_PER_GRPO_STEP_TINY_FAST if _fast_grpo(ctx) else SECONDS_PER_GRPO_STEP_TINY
-        total = runs * t.max_steps * per_step + sft
-        floor = longest * t.max_steps * per_step
+        total = runs * (t.max_steps * per_step + warm) + sft
+        floor = longest * t.max_steps * per_step + warm
         what = f"{k} adapters × {t.max_steps} GRPO steps + baselines"
+    if warm:
+        what += f" (each GRPO run after {t.options['sft_warmup_steps']} SFT warm-up steps)"
     seconds = max(total / t.workers, floor) if t.workers > 1 else total
     if t.workers > 1:
         what += f", {t.workers} at once"
