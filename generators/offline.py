@@ -124,10 +124,14 @@ def _supported_families(base_cls: type, domain: str, difficulty: int, seeds: int
     return kinds
 
 
-def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", variant: int = 0) -> Rendered:
+def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", variant: int = 0,
+           focus_share: float | None = None) -> Rendered:
     """The module source for ``spec`` under ``env_id`` (raises :class:`NoTemplate` if no family matches).
 
     ``variant`` indexes :data:`VARIANTS` (0: the evidence's focus and difficulty; later: more conservative).
+    ``focus_share`` replaces variant 0's share (:data:`FOCUS_SHARE`): 1.0 draws every episode from the
+    evidence's families, an env that isolates the capability the way a small model can learn it from (the
+    family's other requests, new to the base, otherwise carry most of an SFT loss; docs/headline.md).
     """
     import importlib
 
@@ -146,6 +150,8 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
     cls = getattr(importlib.import_module(f"trace_envs.capabilities.{base_module}"), base_class)
     default = int(getattr(cls, "default_difficulty", 1)) if template == "tau_capability" else 1
     share, use_evidence = VARIANTS[min(variant, len(VARIANTS) - 1)]
+    if variant == 0 and focus_share is not None:
+        share = float(focus_share)
     low = use_evidence and isinstance(coverage, (int, float)) and coverage >= 0.5
     difficulty = max(1, default - 1) if low and template == "tau_capability" else default
     reason = (f"the family's default {default} lowered by one: coverage {coverage:.2f} ≥ 0.5" if low and

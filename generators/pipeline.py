@@ -97,7 +97,7 @@ def _capability(spec: dict) -> str:
 def generate(spec, workspace, run_dir=None, llm_url: str | None = None, model: str | None = None,
              attempts: int = 3, progress: bool = True, *, api_key: str = "EMPTY",
              config: AdmissionConfig | None = None, run_id: str | None = None,
-             llm_options: dict | None = None) -> list[GenerationResult]:
+             llm_options: dict | None = None, focus_share: float | None = None) -> list[GenerationResult]:
     """Generate, admit and register one env per spec (see the module docstring).
 
     Args:
@@ -113,11 +113,16 @@ def generate(spec, workspace, run_dir=None, llm_url: str | None = None, model: s
         config: admission limits and sizes.
         run_id: the run's id (``origin: generated:<run id>``); default: a timestamp.
         llm_options: extra keyword arguments for :class:`generators.agent.GeneratorAgent`.
+        focus_share: the offline generator's first attempt draws this share of the episodes from the
+            evidence's families (default :data:`generators.offline.FOCUS_SHARE`); later attempts fall back to
+            the weaker variants as before.
     """
     if (llm_url is None) != (model is None):
         raise GenerationError("llm_url and model go together (both, or neither for the offline generator)")
     if attempts < 1:
         raise GenerationError(f"attempts must be >= 1, got {attempts}")
+    if focus_share is not None and not 0.0 <= focus_share <= 1.0:
+        raise GenerationError(f"focus_share must be in [0, 1], got {focus_share}")
     specs = load_specs(spec)
     ws = Workspace(workspace).init()
     run_id = run_id or new_run_id()
@@ -134,7 +139,7 @@ def generate(spec, workspace, run_dir=None, llm_url: str | None = None, model: s
     for spec_path, data in specs:
         if bar is not None:
             bar.set_postfix_str(data["name"])
-        results.append(_one(spec_path, data, ws, run_dir, run_id, agent, attempts, cfg))
+        results.append(_one(spec_path, data, ws, run_dir, run_id, agent, attempts, cfg, focus_share))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -150,7 +155,7 @@ def generate(spec, workspace, run_dir=None, llm_url: str | None = None, model: s
 
 
 def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str, agent, attempts: int,
-         cfg: AdmissionConfig) -> GenerationResult:
+         cfg: AdmissionConfig, focus_share: float | None = None) -> GenerationResult:
     from .admit import target_tool_schemas
     from .agent import LLMGenerationError
     from .offline import NoTemplate, render
@@ -172,7 +177,8 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
         attempt_dir = folder / f"attempt_{n}"
         if agent is None:
             try:
-                rendered = render(spec, env_id=env_id, run_id=run_id, spec_name=spec_path.name, variant=n - 1)
+                rendered = render(spec, env_id=env_id, run_id=run_id, spec_name=spec_path.name, variant=n - 1,
+                                  focus_share=focus_share)
                 source = rendered.source
                 if any(source == previous for previous, _ in history):
                     break  # this family has no more conservative variant to try

@@ -217,6 +217,20 @@ def test_the_focus_reaches_a_family_that_draws_its_kind_of_task_once_per_episode
         # a rare family such as cancel, 5% of the family's draws, is not always reached).
         assert focused >= 0.4 and focused >= natural + 0.25, (focus, focused, natural)
 
+    # focus_share (generate.focus_share): 1.0 draws every episode of a common family from the focus; later
+    # variants keep their own, weaker share.
+    whole = render(spec, env_id="gen/x-v0", run_id="t", focus_share=1.0)
+    assert whole.notes["focus_share"] == 1.0 and "FOCUS_SHARE = 1.0" in whole.source
+    assert render(spec, env_id="gen/x-v0", run_id="t", variant=1, focus_share=1.0).notes["focus_share"] == 0.4
+    module = _load_rendered(whole.source, tmp_path, "focus_whole")
+    e = getattr(module, module.REGISTRATION["class"])(**module.REGISTRATION["kwargs"])
+    kinds = []
+    for s in range(40):
+        e.reset(seed=s)
+        kinds.append(request_family(e.task.requests[0].kind))
+    e.close()
+    assert kinds.count("flight_status") == 40, kinds
+
 
 def test_a_spec_without_a_template_names_the_llm_option(tmp_path):
     spec = {"name": "semantic_logic_precision", "definition": "getting the logic of a fix right",

@@ -41,6 +41,8 @@ def _write(tmp_path, text: str):
     ("train: {select_seeds: '100:150', select_every: 0, options: {save_steps: 5}}", "train.select_every"),
     ("compose: {router_data: selected}", "compose.router_data: selected trains the router on checkpoint selection"),
     ("compose: {router_data: mine}", "compose.router_data: 'mine' is not one of oracle, selected"),
+    ("generate: {focus_share: 1.5}", "generate.focus_share must be a number in [0, 1]"),
+    ("generate: {focus_share: 1.0, llm_url: 'http://x', llm_model: m}", "generate.focus_share is the offline"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:
@@ -53,6 +55,19 @@ def test_the_cli_reports_a_config_error_on_one_line(tmp_path, capsys):
     assert main(["run", str(_write(tmp_path, "compose: {top_k: 0}"))]) == 2
     err = capsys.readouterr().err
     assert "compose.top_k must be >= 1, got 0" in err and "Traceback" not in err
+
+
+def test_an_unset_focus_share_leaves_the_generate_fingerprint_of_older_runs_alone(tmp_path):
+    """generate.focus_share came after runs were made: unset, it is left out of the stage's fingerprint (a run
+    made before it does not regenerate); set, it changes the fingerprint (the envs are generated again)."""
+    import hashlib
+
+    unset = load_config(_write(tmp_path, "seed: 0\n"))
+    older = {k: v for k, v in unset.to_dict()["generate"].items() if k != "focus_share"}
+    assert unset.section_hash("generate") == hashlib.sha256(
+        json.dumps(older, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert load_config(_write(tmp_path, "seed: 0\n"), ["generate.focus_share=1.0"]).section_hash("generate") \
+        != unset.section_hash("generate")
 
 
 def test_set_changes_one_field_of_a_config_and_checks_it_like_the_file(tmp_path):

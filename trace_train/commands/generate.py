@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="the generator model's name (with --llm)")
     p.add_argument("--api-key", default="EMPTY", help="API key for --llm (default: EMPTY)")
     p.add_argument("--attempts", type=int, default=3, help="attempts per spec (default: 3)")
+    p.add_argument("--focus-share", type=float, metavar="F",
+                   help="offline generator: share of the episodes drawn from the evidence's request families "
+                        "(default 0.75; 1.0 isolates the capability)")
     p.add_argument("--temperature", type=float, default=0.7, help="--llm: sampling temperature (default: 0.7)")
     p.add_argument("--max-tokens", type=int, default=4096, help="--llm: reply token budget (default: 4096)")
     p.add_argument("--timeout", type=float, default=300.0, help="--llm: seconds per request (default: 300)")
@@ -57,13 +60,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if (args.llm is None) != (args.model is None):
         raise CommandError("--llm URL and --model NAME go together")
+    if args.focus_share is not None and args.llm:
+        raise CommandError("--focus-share is the offline generator's; the LLM generator chooses its own task mix")
     try:
         config = AdmissionConfig(timeout_s=args.admission_timeout, memory_mb=args.memory_mb, sandbox=args.sandbox,
                                  calibration_agent=args.calibration_agent)
         options = {"temperature": args.temperature, "max_tokens": args.max_tokens, "timeout": args.timeout}
         results = generate(args.spec, args.workspace, run_dir=args.run_dir, llm_url=args.llm, model=args.model,
                            attempts=args.attempts, progress=not args.no_progress, api_key=args.api_key,
-                           config=config, llm_options=options if args.llm else None)
+                           config=config, llm_options=options if args.llm else None,
+                           focus_share=args.focus_share)
     except (GenerationError, ValueError, RuntimeError) as exc:
         raise CommandError(str(exc)) from None
     rows = [[r.capability, "yes" if r.admitted else "no", r.env_id, r.attempts,

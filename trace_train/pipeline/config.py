@@ -249,17 +249,27 @@ class GenerateSection:
         llm_model: the served model's name (with ``llm_url``).
         attempts: generation attempts per capability (the admission report goes back to the agent).
         workspace: the workspace registry admitted envs are written to (default: ``<run>/workspace``).
+        focus_share: the offline generator's first attempt draws this share of each env's episodes from the
+            request families the evidence failed on (default 0.75; 1.0 isolates the capability).
     """
 
     llm_url: str | None = None
     llm_model: str | None = None
     attempts: int = 3
     workspace: str | None = None
+    focus_share: float | None = None
 
     def validate(self) -> None:
         if self.llm_url and not self.llm_model:
             raise ConfigError("generate.llm_model is required with generate.llm_url (the served model's name)")
         _at_least("generate.attempts", self.attempts, 1)
+        if self.focus_share is not None and (isinstance(self.focus_share, bool) or not isinstance(
+                self.focus_share, (int, float)) or not 0.0 <= self.focus_share <= 1.0):
+            raise ConfigError(f"generate.focus_share must be a number in [0, 1] (or unset for 0.75), got "
+                              f"{self.focus_share!r}")
+        if self.focus_share is not None and self.llm_url:
+            raise ConfigError("generate.focus_share is the offline generator's; the LLM generator chooses its own "
+                              "task mix. Fix: drop one of generate.focus_share and generate.llm_url")
 
 
 @dataclass
@@ -485,12 +495,17 @@ class RunConfig:
         data = self.to_dict()[name] if name in SECTIONS else {}
         for key in NOT_HASHED.get(name, ()):  # where episodes run changes no result
             data.pop(key, None)
+        for key in HASHED_WHEN_SET.get(name, ()):  # unset, a newer key leaves older runs' fingerprints as they were
+            if data.get(key) is None:
+                data.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 #: Keys of a section that do not change a stage's outputs, left out of its fingerprint (changing them re-runs
 #: nothing). ``rollout.workers`` stays in: a fingerprint change there was always a re-run.
 NOT_HASHED = {"rollout": ("engine",)}
+#: Keys added after runs were made, fingerprinted only when set (so that a run made before them does not re-run).
+HASHED_WHEN_SET = {"generate": ("focus_share",)}
 
 SECTIONS: dict[str, type] = {"base": BaseSection, "rollout": RolloutSection, "diagnose": DiagnoseSection,
                              "generate": GenerateSection, "train": TrainSection, "compose": ComposeSection,

@@ -16,7 +16,7 @@ def run_generate(ctx) -> tuple[list[str], dict]:
     ctx.path("generate").mkdir(parents=True, exist_ok=True)
     ctx.workspace.mkdir(parents=True, exist_ok=True)
     results = generate(specs, ctx.workspace, run_dir=ctx.path("generate"), llm_url=g.llm_url, model=g.llm_model,
-                       attempts=g.attempts, progress=ctx.progress) if specs else []
+                       attempts=g.attempts, progress=ctx.progress, focus_share=g.focus_share) if specs else []
     rows = [{"capability": r.capability, "admitted": bool(r.admitted), "env_id": r.env_id,
              "module": str(r.module) if r.module else None, "report_json": str(r.report_json),
              "report_md": str(r.report_md), "attempts": r.attempts, "reason": r.reason} for r in results]
