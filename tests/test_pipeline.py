@@ -70,6 +70,25 @@ def test_an_unset_focus_share_leaves_the_generate_fingerprint_of_older_runs_alon
         != unset.section_hash("generate")
 
 
+def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(tmp_path):
+    """train.options.sft_warmup_steps reaches every GRPO run's TrainConfig; the SFT baseline, all SFT already,
+    is built without it (TrainConfig refuses both at once), and the dry run's estimate counts the warm-ups."""
+    from trace_train.pipeline.runner import Context
+    from trace_train.pipeline.stages.train import _train_job, estimate_train
+
+    cfg = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "max_minutes": 1.0,
+                                                            "options": {"sft_warmup_steps": 50}}})
+    ctx = Context(cfg=cfg, run_dir=tmp_path, state={"stages": {}}, progress=False)
+    env = ["trace/precondition_verification-v0"]
+    assert _train_job(ctx, "pv", env, 10)["cfg"].sft_warmup_steps == 50
+    baseline = _train_job(ctx, "_sft", env, 10, sft=True)["cfg"]
+    assert baseline.sft and baseline.sft_warmup_steps == 0
+    with_warmup, note = estimate_train(ctx)
+    cold = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "max_minutes": 1.0}})
+    without, _ = estimate_train(Context(cfg=cold, run_dir=tmp_path, state={"stages": {}}, progress=False))
+    assert with_warmup > without and "50 SFT warm-up steps" in note
+
+
 def test_set_changes_one_field_of_a_config_and_checks_it_like_the_file(tmp_path):
     path = _write(tmp_path, "seed: 0\ntrain: {options: {seed: 0, group_size: 4}}\nevaluate: {seeds: '0:200'}\n")
     cfg = load_config(path, ["seed=1", "train.options.seed=1", "evaluate.seeds=200:400", "compose.top_k=2"])

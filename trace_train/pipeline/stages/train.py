@@ -44,6 +44,8 @@ def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
               "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
     if minutes is not None and not sft:
         kwargs["max_minutes"] = minutes
+    if sft:  # train.options.sft_warmup_steps warms up the GRPO runs; the SFT baseline is all SFT already
+        kwargs.pop("sft_warmup_steps", None)
     try:
         cfg = TrainConfig(**kwargs)
     except TypeError as exc:
