@@ -103,6 +103,7 @@ def test_sft_warmup_fits_the_lora_that_grpo_then_trains(nano, tmp_path):
     assert _changes_outputs(nano, str(result.adapter_dir)) > 1e-4
     meta = json.loads((result.adapter_dir / "trace_adapter.json").read_text())
     assert meta["method"] == "grpo" and meta["sft_warmup_steps"] == 4 and result.steps == 1
+    assert result.rollouts == 2 + 2  # the warm-up's 2 oracle episodes and GRPO's one group of 2
 
     stamp = (warm / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
     train(TrainConfig(**cfg))  # the same folder again: the finished warm-up is reused, not refitted

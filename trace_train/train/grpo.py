@@ -785,6 +785,9 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                               f"GRPO on {', '.join(cfg.env_ids)}") if cfg.plot and log_csv.exists() else None
     rows = read_log(log_csv) if log_csv.exists() else []
     episodes = int(sum(r["episodes"] or 0 for r in rows))
+    warm_done = cfg.warmup_dir / "done.json"
+    if cfg.sft_warmup_steps and warm_done.exists():  # the warm-up's oracle episodes are spent on this adapter too
+        episodes += int(json.loads(warm_done.read_text()).get("episodes") or 0)
     result = TrainResult(adapter_dir=cfg.adapter_dir, log_csv=log_csv, curve_png=curve,
                          steps=trainer.state.global_step, rollouts=episodes, calibration=calibration,
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
