@@ -108,6 +108,9 @@ def test_sft_warmup_fits_the_lora_that_grpo_then_trains(nano, tmp_path):
     stamp = (warm / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
     train(TrainConfig(**cfg))  # the same folder again: the finished warm-up is reused, not refitted
     assert (warm / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns == stamp
+    train(TrainConfig(**{**cfg, "sft_lr": 2e-2}))  # other warm-up settings: fitted again
+    assert (warm / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns != stamp
+    assert json.loads((warm / "done.json").read_text())["settings"]["sft_lr"] == 2e-2
 
 
 def test_sft_warmup_is_checked():

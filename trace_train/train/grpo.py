@@ -803,13 +803,19 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
 
     adapter = cfg.warmup_dir / "adapter"
     done = cfg.warmup_dir / "done.json"
-    if done.exists() and json.loads(done.read_text()).get("steps") == cfg.sft_warmup_steps:
+    # What the warm-up's weights depend on: a finished warm-up with other settings is fitted again.
+    settings = {"steps": cfg.sft_warmup_steps, "model": str(cfg.model), "env_ids": list(cfg.env_ids),
+                "env_kwargs": env_kwargs, "sft_episodes": cfg.sft_episodes, "sft_lr": cfg.sft_lr,
+                "sft_batch_size": cfg.sft_batch_size, "seed": cfg.seed, "lora_r": cfg.lora_r,
+                "lora_alpha": cfg.lora_alpha, "lora_target_modules": list(cfg.lora_target_modules)}
+    settings = json.loads(json.dumps(settings, default=str))
+    if done.exists() and json.loads(done.read_text()).get("settings") == settings:
         return adapter
     t0 = time.perf_counter()
     result = fit_sft_lora(cfg, env_kwargs, device, adapter, cfg.sft_warmup_steps)
     done.write_text(json.dumps({"steps": cfg.sft_warmup_steps, "episodes": result.examples,
-                                "final_loss": result.losses[-1], "seconds": round(time.perf_counter() - t0, 1)},
-                               indent=2))
+                                "final_loss": result.losses[-1], "seconds": round(time.perf_counter() - t0, 1),
+                                "settings": settings}, indent=2))
     logger.info("SFT warm-up: %d steps on %d oracle episodes, final loss %.3f", cfg.sft_warmup_steps,
                 result.examples, result.losses[-1])
     return adapter

@@ -2,7 +2,8 @@
 
 A LoRA trained on the capability envs' oracle episodes instead of by GRPO, with the tiny model's warm-up code
 (:mod:`trace_train.tiny.bootstrap`); it writes the same files as a GRPO run (``adapter/``, ``train_log.csv``,
-``train_result.json``) so the pipeline evaluates it as one more method.
+``train_result.json``) so the pipeline evaluates it as one more method. :func:`fit_sft_lora` is also GRPO's SFT
+warm-up (``TrainConfig.sft_warmup_steps``).
 """
 
 from __future__ import annotations
