@@ -17,8 +17,7 @@ from .config import TrainConfig
 from .grpo import TrainResult
 
 
-def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int,
-                 progress: bool | None = None):
+def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int):
     """Fit a LoRA on the envs' oracle episodes with the bootstrap's SFT code
     (:func:`trace_train.tiny.bootstrap.bootstrap_model` with ``lora``): the first env as its target and the others as
     a mixture of the same size. Writes the adapter (PEFT format) to ``out`` and returns the
@@ -37,7 +36,7 @@ def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out
                            mixture_env_kwargs={k: v for k, v in cfg.env_kwargs.items()},
                            lora={"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                                  "target_modules": list(cfg.lora_target_modules)})
-    return bootstrap_model(boot, progress=cfg.progress if progress is None else progress)
+    return bootstrap_model(boot, progress=cfg.progress)
 
 
 def train_sft(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, t0: float) -> TrainResult:
