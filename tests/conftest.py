@@ -195,8 +195,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def transformers_server(model_dir):
-    """`transformers serve` with the nano model on a free loopback port; yields the `/v1` base URL."""
+def transformers_server(model_dir, tmp_path_factory):
+    """`transformers serve` with the nano model on a free loopback port; yields the `/v1` base URL.
+
+    The server's output goes to `<basetemp>/transformers-serve.log` (a file, not a pipe nobody reads, which would
+    fill and block the server), so a failing request can be read there."""
     import shutil
     import subprocess
     import sys
@@ -205,15 +208,17 @@ def transformers_server(model_dir):
 
     exe = shutil.which("transformers") or os.path.join(os.path.dirname(sys.executable), "transformers")
     port = free_port()
+    log_path = tmp_path_factory.getbasetemp() / "transformers-serve.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen([exe, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError("transformers serve exited: " + proc.stdout.read().decode()[-2000:])
+                raise RuntimeError("transformers serve exited: " + log_path.read_text(errors="replace")[-2000:])
             try:
                 with urllib.request.urlopen(url + "/health", timeout=1) as r:
                     if r.status == 200:
@@ -230,6 +235,7 @@ def transformers_server(model_dir):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 # ----------------------------------------------------------------------------- registry isolation

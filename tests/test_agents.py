@@ -58,6 +58,10 @@ class FaultServer:
                     mode = "list"
                 if mode == "500":
                     self._send(500, {"error": {"message": "boom"}})
+                elif mode == "400_unread":  # FastAPI's answer when it failed to read the body
+                    self._send(400, {"detail": "There was an error parsing the body"})
+                elif mode == "400":
+                    self._send(400, {"detail": "Server is pinned to 'nano'; requested 'fake'."})
                 elif mode == "garbage":
                     self._send(200, b"<html>this is not json</html>")
                 elif mode == "malformed_args":
@@ -186,6 +190,24 @@ def test_server_errors_retry_then_become_readable_env_errors(fault_server):
     fault_server.script = ["garbage"]
     action = _agent(fault_server.url, max_retries=0)(obs, info)
     assert is_agent_error(action)
+    assert env.step(action)[0].startswith("Error:")
+    env.close()
+
+
+def test_a_rejected_request_is_not_retried_and_says_why_unless_the_server_failed_to_read_it(fault_server):
+    from trace_train.agents import is_agent_error
+
+    env, obs, info = _env_after_reset()
+    # A 400 saying the server could not read the (valid JSON) body is the server's failure: retried.
+    fault_server.script = ["400_unread"]
+    agent = _agent(fault_server.url, max_retries=2)
+    assert isinstance(agent(obs, info), dict) and agent.stats.retries == 1 and len(fault_server.requests) == 2
+    # Any other 400 is the request's: one request, and the server's reason (a FastAPI `detail`, which the SDK's
+    # own message leaves out) is in the error the env answers.
+    fault_server.script = ["400"]
+    action = agent(obs, info)
+    assert is_agent_error(action) and "(400)" in action and "pinned to 'nano'" in action
+    assert len(fault_server.requests) == 3
     assert env.step(action)[0].startswith("Error:")
     env.close()
 

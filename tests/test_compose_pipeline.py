@@ -167,6 +167,24 @@ def test_an_adapter_with_a_zero_update_is_left_out_and_its_env_labels_the_base_s
     pv, wh = rows["trace/precondition_verification-v0"], rows["examples/warehouse_stock-v0"]
     assert float(pv["base"]) > 0.5 and float(pv["base"]) > float(pv["structured_data_reasoning"]), pv
     assert float(wh["structured_data_reasoning"]) > 0.5, wh
+    # An adapter with an update that the caller judged to add nothing (trace run's compose.drop_unimproved) is left
+    # out the same way, with the caller's reason; a name that was not given is refused before anything loads.
+    from trace_train.compose import compose
+    from trace_train.compose.adapters import ComposeError
+
+    other = run["adapters"]["precondition_verification"]
+    res = compose(run["base"], {"structured_data_reasoning": learnt, "precondition_verification": other},
+                  str(run["data"]), tmp_path / "judged", train={"epochs": 1, "lr": 0.05, "accumulate": 1},
+                  max_length=640, baselines=["linear"], progress=False,
+                  leave_out={"precondition_verification": "no checkpoint beat the base"})
+    assert res.dropped == ["precondition_verification"]
+    assert res.dropped_why == {"precondition_verification": "no checkpoint beat the base"}
+    assert res.labelled_envs["trace/precondition_verification-v0"] == "base"
+    judged = json.loads((tmp_path / "judged" / "compose.json").read_text())
+    assert [a["name"] for a in judged["adapters"]] == ["structured_data_reasoning"]
+    with pytest.raises(ComposeError, match="leave_out names adapters that were not given"):
+        compose(run["base"], [learnt], str(run["data"]), tmp_path / "never", leave_out={"nobody": "x"})
+    assert not (tmp_path / "never").exists()
     # Asked to keep it, the zero adapter is a slot like any other (the paper's composition of every adapter).
     assert main(args + ["--out", str(tmp_path / "kept"), "--keep-zero-updates", "--baselines"]) == 0
     kept = json.loads((tmp_path / "kept" / "compose.json").read_text())

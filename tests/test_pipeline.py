@@ -43,6 +43,8 @@ def _write(tmp_path, text: str):
     ("compose: {router_data: mine}", "compose.router_data: 'mine' is not one of oracle, selected"),
     ("generate: {focus_share: 1.5}", "generate.focus_share must be a number in [0, 1]"),
     ("generate: {focus_share: 1.0, llm_url: 'http://x', llm_model: m}", "generate.focus_share is the offline"),
+    ("compose: {drop_unimproved: true}", "compose.drop_unimproved reads checkpoint selection's validation curves"),
+    ("compose: {drop_unimproved: 'yes'}", "compose.drop_unimproved must be bool, got 'yes'"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:
@@ -68,6 +70,36 @@ def test_an_unset_focus_share_leaves_the_generate_fingerprint_of_older_runs_alon
         json.dumps(older, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert load_config(_write(tmp_path, "seed: 0\n"), ["generate.focus_share=1.0"]).section_hash("generate") \
         != unset.section_hash("generate")
+
+
+def test_drop_unimproved_names_the_adapters_selection_found_no_better_than_the_base(tmp_path):
+    """compose.drop_unimproved reads each adapter's checkpoint selection: a chosen checkpoint whose validation success
+    is at or below the base's is left out (with the figures that say so); one above it, and one without a
+    selection (a zero update), are not judged. Off (the default), the compose fingerprint is the one runs made
+    before the key had."""
+    import hashlib
+
+    from trace_train.pipeline.runner import Context
+    from trace_train.pipeline.stages.compose import unimproved
+
+    cfg = config_from_dict({"out": str(tmp_path), "train": {"select_seeds": "100:150", "options": {"save_steps": 5}},
+                            "compose": {"drop_unimproved": True}})
+    ctx = Context(cfg=cfg, run_dir=tmp_path, state={"stages": {}}, progress=False)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "results.json").write_text(json.dumps({"adapters": {
+        "sdr": {"selected": {"step": 10, "success": 0.96, "base_success": 0.22}},
+        "tcp": {"selected": {"step": 70, "success": 0.0, "base_success": 0.0}},
+        "pv": {"selected": {"step": 20, "success": 0.30, "base_success": 0.34}},
+        "zero": {"selected": {"step": 8, "final_step": 8, "skipped": "a zero update"}}}}))
+    why = unimproved(ctx, ["sdr", "tcp", "pv", "zero"])
+    assert set(why) == {"tcp", "pv"}
+    assert "success 0.00 at step 70, the base 0.00" in why["tcp"] and "0.30 at step 20, the base 0.34" in why["pv"]
+    off = load_config(_write(tmp_path, "seed: 0\n"))
+    older = {k: v for k, v in off.to_dict()["compose"].items() if k != "drop_unimproved"}
+    assert off.section_hash("compose") == hashlib.sha256(
+        json.dumps(older, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert cfg.section_hash("compose") != config_from_dict({
+        "out": str(tmp_path), "train": {"select_seeds": "100:150", "options": {"save_steps": 5}}}).section_hash("compose")
 
 
 def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(tmp_path):

@@ -19,7 +19,8 @@ class ChatClient:
         model: the served model's name.
         api_key: the API key (``EMPTY`` for local servers).
         timeout: seconds per request.
-        max_retries: retries after a failed request (connection errors, 5xx, timeouts).
+        max_retries: retries after a failed request (connection errors, 5xx, timeouts, and a 400 whose server says
+            it could not read the body: the body is valid JSON by construction, so the reading failed, not the request).
         backoff: the first retry's delay in seconds; doubled each retry.
     """
 
@@ -50,10 +51,16 @@ class ChatClient:
                     self.usage["completion_tokens"] += response.usage.completion_tokens or 0
                 return response
             except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
-                    openai.RateLimitError):
+                    openai.RateLimitError, openai.APIStatusError) as exc:
+                transient = not isinstance(exc, openai.APIStatusError) or isinstance(
+                    exc, (openai.InternalServerError, openai.RateLimitError)) or _unread_body(exc)
+                if isinstance(exc, openai.APIStatusError):
+                    exc = _with_detail(exc)
+                if not transient:
+                    raise exc from None
                 self.usage["failures"] += 1
                 if attempt == self.max_retries:
-                    raise
+                    raise exc from None
                 time.sleep(delay)
                 delay *= 2
         raise RuntimeError("unreachable")
@@ -62,3 +69,31 @@ class ChatClient:
         """The text of one chat completion."""
         response = self.chat(messages, **kwargs)
         return response.choices[0].message.content or ""
+
+
+def status_detail(exc: Any) -> str:
+    """What the server said about a rejected request: the body's ``detail``/``message``/``error`` (FastAPI and
+    OpenAI-style bodies), else the start of its text. The SDK's own message shows only an OpenAI-style
+    ``message``, so a FastAPI server's reason (``{"detail": ...}``) would otherwise be lost."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        for key in ("detail", "message", "error"):
+            if body.get(key):
+                value = body[key]
+                return str(value.get("message", value) if isinstance(value, dict) else value)[:500]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return ""
+
+
+def _unread_body(exc: Any) -> bool:
+    """A 400 from a FastAPI server that failed to read the request body (e.g. ``transformers serve``)."""
+    return getattr(exc, "status_code", None) == 400 and "error parsing the body" in status_detail(exc)
+
+
+def _with_detail(exc: Any) -> Any:
+    """``exc`` with the server's reason in its message (same class, response and body)."""
+    detail = status_detail(exc)
+    if not detail or detail in str(exc):
+        return exc
+    return type(exc)(f"{exc} - {detail}", response=exc.response, body=exc.body)

@@ -78,8 +78,8 @@ def cmd_compose(args) -> int:
                          progress=not args.no_progress)
     except ComposeError as exc:
         raise CommandError(str(exc)) from exc
-    if result.dropped:
-        print(f"left out {', '.join(result.dropped)}: a LoRA update of exactly zero is the base slot over again")
+    for name in result.dropped:
+        print(f"left out {name}: {result.dropped_why[name]}; the router's base slot takes its envs")
     if not args.data:
         print("no --data: the gates are untrained (every token goes to the base slot)")
     else:

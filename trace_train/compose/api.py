@@ -45,8 +45,9 @@ class ComposeResult:
         methods_json: every method's HFAgent arguments.
         episodes: successful episodes the router trained on.
         labelled_envs: env id -> adapter name used by the label loss (``"base"`` for the base slot).
-        dropped: adapters left out because their LoRA update is exactly zero (they are the base slot);
-            the envs they claimed label the base slot.
+        dropped: adapters left out, because their LoRA update is exactly zero (they are the base slot) or the
+            caller named them in ``leave_out``; the envs they claimed label the base slot.
+        dropped_why: adapter name -> why it was left out.
     """
 
     out_dir: Path
@@ -59,6 +60,7 @@ class ComposeResult:
     episodes: int = 0
     labelled_envs: dict[str, str] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
+    dropped_why: dict[str, str] = field(default_factory=dict)
 
 
 def router_config(train: RouterTrainConfig | Mapping[str, Any] | None) -> RouterTrainConfig | None:
@@ -79,7 +81,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             adapter_envs: Mapping[str, Sequence[str]] | None = None, baselines: Sequence[str] = BASELINES,
             min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
             base_bias: float = 5.0, gate_input: str = "token", threads: int | None = 1, device: str = "cpu",
-            base_envs: Sequence[str] = (), drop_zero_updates: bool = True, progress: bool = True) -> ComposeResult:
+            base_envs: Sequence[str] = (), drop_zero_updates: bool = True,
+            leave_out: Mapping[str, str] | None = None, progress: bool = True) -> ComposeResult:
     """Compose K capability adapters into one token-routed model and write it with its baselines.
 
     Args:
@@ -112,6 +115,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             as long as one adapter with an update remains. Such an adapter is the base slot over again: kept,
             the router splits tokens between two copies of the base, and a linear merge halves the other
             adapters' updates. The envs it claimed label the base slot. ``ComposeResult.dropped`` names them.
+        leave_out: adapter name -> reason: adapters to leave out in the same way, on the caller's judgement
+            (``trace run`` with ``compose.drop_unimproved``: no checkpoint did better than the base on its env's
+            validation seeds). As with zero updates, when every adapter would be left out, none is.
         progress: tqdm bars.
     """
     import torch
@@ -134,19 +140,24 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     for ref in refs:  # an adapter from `trace train` names the envs it was trained on
         if ref.name not in claims and trained_envs(ref.path):
             claims[ref.name] = trained_envs(ref.path)
-    zero = [n for n, path in every.items() if adapter_update_is_zero(path)] if drop_zero_updates else []
-    if len(zero) == len(every):
-        zero = []  # every adapter is the base: composing them gives the base, nothing to choose between
-    named = {n: path for n, path in every.items() if n not in zero}
+    unknown = sorted(set(leave_out or {}) - set(every))
+    if unknown:
+        raise ComposeError(f"leave_out names adapters that were not given: {unknown}; given: {sorted(every)}")
+    why = {n: "a zero update (the base itself)" for n, path in every.items()
+           if drop_zero_updates and adapter_update_is_zero(path)}
+    why.update({n: reason for n, reason in (leave_out or {}).items() if n not in why})
+    if len(why) == len(every):
+        why = {}  # nothing would remain: composing every adapter is the only composition there is
+    left_out = [n for n in every if n in why]
+    named = {n: path for n, path in every.items() if n not in left_out}
     label_slots(records, list(every), claims)  # checks the claims' names against every adapter given
-    base_claims = list(base_envs) + [env for n in zero for env in claims.get(n, [])]
-    base_claims += [r["env_id"] for r in records if capability_of(r["env_id"]) in zero]
-    slots = label_slots(records, list(named), {k: v for k, v in claims.items() if k not in zero})
+    base_claims = list(base_envs) + [env for n in left_out for env in claims.get(n, [])]
+    base_claims += [r["env_id"] for r in records if capability_of(r["env_id"]) in left_out]
+    slots = label_slots(records, list(named), {k: v for k, v in claims.items() if k not in left_out})
     for env in base_claims:
         slots.setdefault(env, 0)  # the base slot; an env an adapter claims stays that adapter's
-    if zero:
-        logger.info("left out adapters %s: their LoRA update is exactly zero (the base slot); their envs label "
-                    "the base slot", zero)
+    for n in left_out:
+        logger.info("left out adapter %s: %s; its envs label the base slot", n, why[n])
     successful = [r for r in records if is_successful(r, min_reward)]
     if records and not successful:
         raise ComposeError(f"none of the {len(records)} trajectories succeeded; the router learns from "
@@ -155,7 +166,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     result = ComposeResult(out_dir=out)
     result.labelled_envs = {env: model.adapter_names[s - 1] if s else "base" for env, s in sorted(slots.items())}
-    result.dropped = zero
+    result.dropped, result.dropped_why = left_out, {n: why[n] for n in left_out}
     if records and not slots and (train or RouterTrainConfig()).label_coef > 0:
         logger.warning("no trajectory's env matches an adapter name; the label loss is off (name adapters "
                        "NAME=DIR after their capability, or pass adapter_envs)")
@@ -189,7 +200,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             methods[method] = {"model": str(Path(base).resolve()), "adapter": str(folder.resolve())}
         elif len(named) < 2:  # one adapter per episode over a single adapter is that adapter
             logger.warning("baseline %s skipped: it chooses among adapters, and only %s remains%s", method,
-                           list(named), f" ({', '.join(zero)} left out: a zero update)" if zero else "")
+                           list(named), f" ({'; '.join(f'{n} left out: {why[n]}' for n in left_out)})" if left_out else "")
             continue
         else:
             if folder.exists():

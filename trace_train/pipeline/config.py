@@ -354,6 +354,12 @@ class ComposeSection:
             oracle's).
         merges: PEFT merges reported as baselines (``linear``, ``ties``; empty = none).
         per_episode: also report per-episode routing (one adapter chosen from the first observation).
+        drop_unimproved: leave out of the composition (the MoE, the merges and per-episode routing) every adapter
+            whose chosen checkpoint did no better than the base on its own env's validation seeds (checkpoint
+            selection, ``train.select_seeds``), as a zero update is left out: its envs label the base slot. Such
+            an adapter learnt nothing its env can show, and kept, it is a slot the router can send tokens to that
+            only changes the base. It still gets its own row in the evaluation. Decided on the env's validation
+            seeds, never on the target.
         options: further keyword arguments of :func:`trace_train.compose.compose`; ``train`` holds the
             router's training settings (:class:`trace_train.compose.RouterTrainConfig` fields: ``lr``,
             ``epochs``, ``label_coef``, ``label_from``, ...); ``gate_input: context`` gives the gates the
@@ -365,6 +371,7 @@ class ComposeSection:
     router_data: str = "oracle"
     merges: list = field(default_factory=lambda: ["linear", "ties"])
     per_episode: bool = True
+    drop_unimproved: bool = False
     options: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -478,6 +485,9 @@ class RunConfig:
         if self.compose.router_data == "selected" and self.train.select_seeds is None:
             raise ConfigError("compose.router_data: selected trains the router on checkpoint selection's episodes: "
                               "set train.select_seeds (and train.options.save_steps), or router_data: oracle")
+        if self.compose.drop_unimproved and self.train.select_seeds is None:
+            raise ConfigError("compose.drop_unimproved reads checkpoint selection's validation curves: set "
+                              "train.select_seeds (and train.options.save_steps), or drop_unimproved: false")
         if self.train.select_seeds is not None and self.evaluate.env_seeds:
             shared = set(parse_seeds("train.select_seeds", self.train.select_seeds)) & set(
                 parse_seeds("evaluate.env_seeds", self.evaluate.env_seeds))
@@ -495,17 +505,19 @@ class RunConfig:
         data = self.to_dict()[name] if name in SECTIONS else {}
         for key in NOT_HASHED.get(name, ()):  # where episodes run changes no result
             data.pop(key, None)
-        for key in HASHED_WHEN_SET.get(name, ()):  # unset, a newer key leaves older runs' fingerprints as they were
-            if data.get(key) is None:
-                data.pop(key, None)
+        defaults = {f.name: f.default for f in dataclasses.fields(SECTIONS[name])} if name in SECTIONS else {}
+        for key in HASHED_WHEN_SET.get(name, ()):  # at its default, a newer key leaves older runs' fingerprints alone
+            if key in data and data[key] == defaults.get(key):
+                data.pop(key)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 #: Keys of a section that do not change a stage's outputs, left out of its fingerprint (changing them re-runs
 #: nothing). ``rollout.workers`` stays in: a fingerprint change there was always a re-run.
 NOT_HASHED = {"rollout": ("engine",)}
-#: Keys added after runs were made, fingerprinted only when set (so that a run made before them does not re-run).
-HASHED_WHEN_SET = {"generate": ("focus_share",)}
+#: Keys added after runs were made, fingerprinted only when not at their default (so that a run made before them
+#: does not re-run).
+HASHED_WHEN_SET = {"generate": ("focus_share",), "compose": ("drop_unimproved",)}
 
 SECTIONS: dict[str, type] = {"base": BaseSection, "rollout": RolloutSection, "diagnose": DiagnoseSection,
                              "generate": GenerateSection, "train": TrainSection, "compose": ComposeSection,

@@ -317,6 +317,11 @@ def _compose_section(doc: Document, run: Path, stages: dict) -> None:
     if not moe:
         doc.p(res.get("note", "Nothing was composed."))
         return
+    dropped = res.get("dropped", res.get("dropped_zero_updates")) or []
+    why = res.get("dropped_why") or {}
+    for name in dropped:  # the composition (MoE, merges, per-episode routing) is over the others
+        doc.p(f"Left out of the composition: {name}: {why.get(name, 'a zero update, the base itself')}. "
+              "Its envs' episodes label the router's base slot; it keeps its own row in the results.")
     csv_path = moe.get("routing_csv")
     if csv_path and Path(csv_path).is_file():
         with open(csv_path, newline="", encoding="utf-8") as f:

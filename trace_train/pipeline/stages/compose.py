@@ -13,15 +13,33 @@ def _adapters(ctx) -> dict[str, str]:
     return dict(ctx.summary("train").get("adapters", {})) if ctx.done("train") else {}
 
 
+def _train_records(ctx) -> dict[str, dict]:
+    results = ctx.path("train", "results.json")
+    return json.loads(results.read_text()).get("adapters", {}) if results.is_file() else {}
+
+
+def unimproved(ctx, names: list[str]) -> dict[str, str]:
+    """The adapters among ``names`` whose chosen checkpoint did no better than the base on their own env's
+    validation seeds (checkpoint selection's curve), each with the figures that say so. An adapter without a
+    selection (a zero update, or selection off) is not judged here."""
+    out = {}
+    for name in names:
+        chosen = (_train_records(ctx).get(name) or {}).get("selected") or {}
+        if chosen.get("success") is None or chosen.get("base_success") is None:
+            continue
+        if chosen["success"] <= chosen["base_success"]:
+            out[name] = (f"no checkpoint beat the base on its env's validation seeds (success {chosen['success']:.2f} "
+                         f"at step {chosen['step']}, the base {chosen['base_success']:.2f})")
+    return out
+
+
 def _selected_successes(ctx, cap: str) -> list[dict]:
     """The successful episodes that checkpoint selection played with ``cap``'s chosen checkpoint (its own envs'
     validation seeds), or [] when there was no choice (selection off, or a zero update)."""
     from trace_train.rollouts import read_trajectories
     from trace_train.train.select import step_episodes
 
-    results = ctx.path("train", "results.json")
-    record = json.loads(results.read_text()).get("adapters", {}).get(cap, {}) if results.is_file() else {}
-    step = (record.get("selected") or {}).get("step")
+    step = ((_train_records(ctx).get(cap) or {}).get("selected") or {}).get("step")
     if step is None:
         return []
     path = step_episodes(ctx.path("train", cap, "select"), int(step))
@@ -75,12 +93,15 @@ def run_compose(ctx) -> tuple[list[str], dict]:
     baselines = [m for m in c.merges] + (["per_episode"] if c.per_episode and len(names) > 1 else [])
     options = {"progress": ctx.progress, "device": ctx.cfg.base.device, "threads": ctx.cfg.base.threads,
                **c.options}
+    if c.drop_unimproved:
+        options["leave_out"] = unimproved(ctx, names)
     res = C.compose(model, {n: adapters[n] for n in names}, data, ctx.path("compose", "moe"), top_k=c.top_k,
                     adapter_envs={n: [envs[n]["env_id"]] for n in names}, baselines=baselines, **options)
     methods = json.loads(Path(res.methods_json).read_text()) if res.methods_json else {}
     results = {"adapters": adapters, "data": data, "router_data": sources,
                "router_episodes": played,  # env episodes the router cost ("rollouts spent")
-               "router_trained_on": res.episodes, "dropped_zero_updates": res.dropped,
+               "router_trained_on": res.episodes, "dropped": res.dropped,
+               "dropped_why": res.dropped_why,
                "labelled_envs": res.labelled_envs,
                "moe": {"out_dir": str(res.out_dir), "routing_csv": _str(res.routing_csv),
                        "heatmap_png": _str(res.heatmap_png), "loss_png": _str(res.loss_png)},

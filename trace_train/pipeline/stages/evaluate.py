@@ -89,10 +89,12 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
                          total_adapter_rollouts, note))
     if "per_episode" in wanted:
         p = methods.get("per_episode")
-        dropped = comp.get("dropped_zero_updates") or []
+        # "dropped_zero_updates": the key of runs made before compose.drop_unimproved
+        dropped = comp.get("dropped", comp.get("dropped_zero_updates")) or []
+        why = {n: "a zero update, the base itself" for n in dropped} | (comp.get("dropped_why") or {})
         note = "" if p else compose_missing(
             "not in this run: needs ≥ 2 adapters and compose.per_episode"
-            + (f" ({', '.join(dropped)} left out of the composition: a zero update, the base itself)"
+            + (f" ({'; '.join(f'{n} left out of the composition: {why[n]}' for n in dropped)})"
                if dropped else ""))
         rows.append(("per_episode", "per-episode routing", hf(p["model"], p["adapter"]) if p else None,
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
