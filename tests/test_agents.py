@@ -58,10 +58,9 @@ class FaultServer:
                     mode = "list"
                 if mode == "500":
                     self._send(500, {"error": {"message": "boom"}})
-                elif mode == "400_unread":  # FastAPI's answer when it failed to read the body
-                    self._send(400, {"detail": "There was an error parsing the body"})
-                elif mode == "400":
-                    self._send(400, {"detail": "Server is pinned to 'nano'; requested 'fake'."})
+                elif mode == "400":  # transformers serve (5.25) on a prompt longer than the model's context
+                    self._send(400, {"detail": "The prompt has 14965 tokens, but the model takes at most 8192, "
+                                               "prompt and answer (`--max-model-len`)."})
                 elif mode == "garbage":
                     self._send(200, b"<html>this is not json</html>")
                 elif mode == "malformed_args":
@@ -194,20 +193,17 @@ def test_server_errors_retry_then_become_readable_env_errors(fault_server):
     env.close()
 
 
-def test_a_rejected_request_is_not_retried_and_says_why_unless_the_server_failed_to_read_it(fault_server):
+def test_a_rejected_request_is_not_retried_and_says_why(fault_server):
     from trace_train.agents import is_agent_error
 
     env, obs, info = _env_after_reset()
-    # A 400 saying the server could not read the (valid JSON) body is the server's failure: retried.
-    fault_server.script = ["400_unread"]
-    agent = _agent(fault_server.url, max_retries=2)
-    assert isinstance(agent(obs, info), dict) and agent.stats.retries == 1 and len(fault_server.requests) == 2
-    # Any other 400 is the request's: one request, and the server's reason (a FastAPI `detail`, which the SDK's
-    # own message leaves out) is in the error the env answers.
+    # One request, and the server's reason (a FastAPI `detail`, which the SDK's own message leaves out) is in the
+    # error the env answers.
     fault_server.script = ["400"]
+    agent = _agent(fault_server.url, max_retries=2)
     action = agent(obs, info)
-    assert is_agent_error(action) and "(400)" in action and "pinned to 'nano'" in action
-    assert len(fault_server.requests) == 3
+    assert is_agent_error(action) and "(400)" in action and "takes at most 8192" in action
+    assert len(fault_server.requests) == 1 and agent.stats.retries == 0
     assert env.step(action)[0].startswith("Error:")
     env.close()
 

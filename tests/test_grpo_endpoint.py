@@ -73,17 +73,6 @@ def seen(monkeypatch):
     return calls
 
 
-def _server_rejections(calls) -> list[str]:
-    """The errors of played turns that `transformers serve` answered with a 400.
-
-    In 2 of 3 clean-clone CI runs (2026-12-03) one sampled turn of the session's server got a 400 that never showed
-    when the tests ran alone; the agent's error now carries the server's reason (``trace_envs.core.llm``), and a
-    400 whose server failed to read the body is retried. Until the cause is known, a run that met one is rerun once
-    and the reason printed: the test is about where the episodes run, and a 400 that comes back still fails it."""
-    return [m["content"] for _agent, _groups, played in calls["play"] for records in played for r in records
-            for m in r["messages"] if "rejected the request (400)" in str(m.get("content"))]
-
-
 def _check_run(result, calls, model_dir: str, engine: str) -> None:
     from trace_train.train.grpo import EndpointPolicy, read_log
 
@@ -180,12 +169,8 @@ def test_grpo_plays_endpoint_episodes_on_ray_actors(model_dir, transformers_serv
     from trace_train.train.grpo import train
 
     t0 = time.perf_counter()
-    settings = dict(rollout_engine="ray", ray={"num_actors": 2, "env_cpus": 0.5, "max_concurrent_per_actor": 4})
-    result = train(_config(model_dir, transformers_server, tmp_path / "run", **settings))
-    if _server_rejections(seen):  # see _server_rejections: one rerun, so that a 400 fails only when it comes back
-        print(f"\ntransformers serve rejected a request; rerunning once: {_server_rejections(seen)[:1]}", file=sys.stderr)
-        seen["play"].clear(), seen["out"].clear()
-        result = train(_config(model_dir, transformers_server, tmp_path / "rerun", **settings))
+    result = train(_config(model_dir, transformers_server, tmp_path, rollout_engine="ray",
+                           ray={"num_actors": 2, "env_cpus": 0.5, "max_concurrent_per_actor": 4}))
     _check_run(result, seen, model_dir, "ray")
     # The episodes' agents lived on the cluster's rollout actors (the guard kept them out of this process). The GCS
     # actor table (ray.util.state would need the dashboard, which the test cluster leaves out).

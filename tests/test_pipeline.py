@@ -102,6 +102,33 @@ def test_drop_unimproved_names_the_adapters_selection_found_no_better_than_the_b
         "out": str(tmp_path), "train": {"select_seeds": "100:150", "options": {"save_steps": 5}}}).section_hash("compose")
 
 
+def test_each_grpo_runs_sft_warmup_is_evaluated_as_sft_on_its_env_alone(tmp_path, model_dir):
+    """The evaluate stage plays each GRPO run's SFT warm-up (SFT on that capability's env alone: the L1 transfer
+    ceiling) as `sft:<capability>`, with the oracle episodes it was fitted on as its rollouts; a run without a
+    warm-up adds no row."""
+    from trace_train.pipeline.runner import Context
+    from trace_train.pipeline.stages.evaluate import method_agents
+
+    records = {}
+    for cap, warm in (("sdr", True), ("tcp", False)):
+        run = tmp_path / "train" / cap / "run"
+        (run / "adapter").mkdir(parents=True)
+        if warm:
+            (run / "sft_warmup" / "adapter").mkdir(parents=True)
+            (run / "sft_warmup" / "done.json").write_text(json.dumps({"steps": 300, "episodes": 1000}))
+        records[cap] = {"adapter_dir": str(run / "adapter"), "final_adapter_dir": str(run / "adapter")}
+    (tmp_path / "train" / "results.json").write_text(json.dumps({"adapters": records, "baselines": {}}))
+    cfg = config_from_dict({"out": str(tmp_path), "base": {"kind": "hf", "model": model_dir}})
+    state = {"stages": {"base": {"status": "done", "summary": {"model_path": model_dir}},
+                        "train": {"status": "done", "summary": {
+        "adapters": {c: r["adapter_dir"] for c, r in records.items()}, "baselines": {}, "rollouts": {}}}}}
+    rows = {key: (make, spent) for key, _, make, spent, _ in method_agents(Context(cfg, tmp_path, state, False))}
+    assert "sft:sdr" in rows and "sft:tcp" not in rows
+    make, spent = rows["sft:sdr"]
+    assert spent == 1000 and make.keywords["adapter"] == str(tmp_path / "train" / "sdr" / "run" / "sft_warmup"
+                                                               / "adapter")
+
+
 def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(tmp_path):
     """train.options.sft_warmup_steps reaches every GRPO run's TrainConfig; the SFT baseline, all SFT already,
     is built without it (TrainConfig refuses both at once), and the dry run's estimate counts the warm-ups."""

@@ -107,6 +107,26 @@ def test_the_links_follow_the_per_family_results(run_dir):
                              "f2": {"base": 0.2, "cap_a": 0.1, "cap_b": 0.7},
                              "f3": {"base": 0.9, "cap_a": 0.05, "cap_b": 0.05}}
     assert "cap_b +0.000" in links["L3"]["sentence"]
+    # MoE − the best single adapter, paired: +1/3 (f2 won), with its interval.
+    assert l4["versus_best"]["value"] == pytest.approx(20 / 60) and l4["versus_best"]["ci"][0] > 0
+
+
+def test_l1_prefers_sft_on_the_capabilitys_own_env(run_dir):
+    """Where the run has SFT on one capability's env alone (its GRPO run's warm-up, evaluated as `sft:<cap>`), L1
+    reads that capability from it; the others still from the SFT baseline on every env."""
+    from trace_train.evaluate import evaluate
+    from trace_train.report.links import compute_links
+
+    rel = Path("eval") / "sft_cap_b" / "trajectories.jsonl"
+    _write(run_dir / rel, _episodes("trace/target-v0", "sft:cap_b", lambda f, s: f == "f2" and s < 15))
+    results = json.loads((run_dir / "eval" / "results.json").read_text())
+    results["methods"]["sft:cap_b"] = {"label": "sft:cap_b", "available": True, "trajectories": str(rel),
+                                       "overall": evaluate(run_dir / rel, ks=(1,), n_boot=0)["overall"]}
+    (run_dir / "eval" / "results.json").write_text(json.dumps(results))
+    l1 = {r["capability"]: r for r in compute_links(run_dir, n_boot=500, seed=0)["L1"]["rows"]}
+    assert l1["cap_b"]["sft"] == "sft:cap_b" and l1["cap_b"]["delta"]["value"] == pytest.approx(0.75)
+    assert l1["cap_b"]["held"] is True
+    assert l1["cap_a"]["sft"] == "sft" and l1["cap_a"]["delta"]["value"] == pytest.approx(1.0)
 
 
 def test_the_report_has_the_links_section(run_dir):

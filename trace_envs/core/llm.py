@@ -19,8 +19,8 @@ class ChatClient:
         model: the served model's name.
         api_key: the API key (``EMPTY`` for local servers).
         timeout: seconds per request.
-        max_retries: retries after a failed request (connection errors, 5xx, timeouts, and a 400 whose server says
-            it could not read the body: the body is valid JSON by construction, so the reading failed, not the request).
+        max_retries: retries after a failed request (connection errors, 5xx, timeouts). A 4xx is not retried; its
+            error carries the server's reason (e.g. ``transformers serve``: a prompt longer than the model's context).
         backoff: the first retry's delay in seconds; doubled each retry.
     """
 
@@ -53,7 +53,7 @@ class ChatClient:
             except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
                     openai.RateLimitError, openai.APIStatusError) as exc:
                 transient = not isinstance(exc, openai.APIStatusError) or isinstance(
-                    exc, (openai.InternalServerError, openai.RateLimitError)) or _unread_body(exc)
+                    exc, (openai.InternalServerError, openai.RateLimitError))
                 if isinstance(exc, openai.APIStatusError):
                     exc = _with_detail(exc)
                 if not transient:
@@ -84,11 +84,6 @@ def status_detail(exc: Any) -> str:
     if isinstance(body, str) and body.strip():
         return body.strip()[:500]
     return ""
-
-
-def _unread_body(exc: Any) -> bool:
-    """A 400 from a FastAPI server that failed to read the request body (e.g. ``transformers serve``)."""
-    return getattr(exc, "status_code", None) == 400 and "error parsing the body" in status_detail(exc)
 
 
 def _with_detail(exc: Any) -> Any:

@@ -7,7 +7,9 @@ its own so that the failure points at it.
 =====  ===================  =================================================================================
 link   question             measured as (paired bootstrap over tasks, from the run's trajectory files)
 =====  ===================  =================================================================================
-L1     transfer ceiling     SFT on the capability envs' oracle episodes vs the base, on the target, per family
+L1     transfer ceiling     SFT on the capability env's oracle episodes vs the base, on the target, per family
+                            (the GRPO run's SFT warm-up, on that env alone, where there is one; else the SFT
+                            baseline on every env)
 L2     learning             the GRPO adapter vs the base on its own env's held-out seeds: success, breakdown
 L3     transfer             the adapter vs the base on the target: on its capability's families, and on the rest
 L4     composition          the MoE vs the base and vs the best single adapter, on the target, per family
@@ -20,7 +22,8 @@ A capability's *families* are the target's task families its diagnosed failures 
   the other families is not below zero outside its interval: a gain bought with the base's other wins is no
   transfer);
 * L2: the Δ success on the env's held-out seeds is above zero outside its interval;
-* L4: the MoE is above the base outside the interval and at least equal to the best single adapter.
+* L4: the MoE is above the base outside the interval and at least equal to the best single adapter (on the
+  values; the paired interval against that adapter is shown beside).
 
 Every input is a file the stages wrote (``eval/results.json``, ``eval/<method>/trajectories.jsonl``,
 ``eval/env/<capability>/<base|adapter>/trajectories.jsonl``, ``diagnosis/specs/*.json``), so the table is
@@ -131,12 +134,15 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     all_families = sorted({f for f in (_scenario(r) for r in base) if f is not None})
     out: dict[str, dict] = {}
 
-    # L1: SFT vs base on each capability's families (the SFT baseline trains on every capability env at once).
+    # L1: SFT vs base on each capability's families: SFT on that capability's env alone where the run has it (the
+    # SFT warm-up of its GRPO run, evaluated as `sft:<capability>`), else the SFT baseline (every env at once).
     sft = records_of("sft")
     rows, parts = [], []
     for cap, fams in families.items():
-        d = _delta(_select(base, set(fams), True), _select(sft, set(fams), True), n_boot, seed)
-        rows.append({"capability": cap, "families": fams, "delta": d, "held": _above(d)})
+        own = records_of(f"sft:{cap}")
+        d = _delta(_select(base, set(fams), True), _select(own or sft, set(fams), True), n_boot, seed)
+        rows.append({"capability": cap, "families": fams, "delta": d, "held": _above(d),
+                     "sft": f"sft:{cap}" if own else "sft"})
         parts.append(_above(d))
     per_family = {f: _delta(_select(base, {f}, True), _select(sft, {f}, True), n_boot, seed) for f in all_families}
     out["L1"] = {"rows": rows, "per_family": per_family, "verdict": _verdict(parts)}
@@ -173,8 +179,11 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     singles = {k: v for k, v in singles.items() if v is not None}
     best = max(singles.items(), key=lambda kv: kv[1]) if singles else None
     moe_value = ((methods.get("trace_moe") or {}).get("overall", {}).get("pass@1") or {}).get("value")
+    # "At least equal" is read on the values; the paired interval against the best adapter says how far apart.
+    versus_best = _delta(records_of(best[0]), moe, n_boot, seed) if best is not None else None
     parts = [_above(overall), None if best is None or moe_value is None else bool(moe_value >= best[1] - 1e-12)]
     out["L4"] = {"overall": overall, "per_family": per_family, "best_single": best, "moe": moe_value,
+                 "versus_best": versus_best,
                  "routing": _routing_shares(run, methods.get("trace_moe") or {}), "verdict": _verdict(parts)}
     for link, entry in out.items():
         entry["name"], entry["question"] = LINKS[link]
@@ -223,14 +232,17 @@ def _sentence(link: str, entry: dict) -> str:
         best_text = f"the best single adapter ({best[0].split(':', 1)[-1]}, {best[1]:.3f})" if best else \
             "no single adapter"
         moe = f"{entry['moe']:.3f}" if entry.get("moe") is not None else "–"
+        versus = f" (Δ {_fmt(entry['versus_best'])})" if entry.get("versus_best") else ""
         return (f"L4 {verdict}: the MoE scores {moe}, Δ vs base {_fmt(entry.get('overall'))}, against "
-                f"{best_text}.")
+                f"{best_text}{versus}.")
     rows = entry.get("rows") or []
     if not rows:
         return f"{link} not measured: the run diagnosed no capability."
     parts = []
     for row in rows:
         text = f"{row['capability']} {_fmt(row.get('delta'))}"
+        if link == "L1":
+            text += " (SFT on its env alone)" if row.get("sft", "sft") != "sft" else " (the SFT baseline, every env)"
         if link == "L3":
             text += f" (other families {_fmt(row.get('others'))})"
         if row.get("held") is not None:
@@ -248,7 +260,8 @@ def _summary_rows(links: dict) -> list[list[str]]:
 
     rows = []
     for row in links["L1"]["rows"]:
-        rows.append(["L1", f"SFT on {row['capability']}'s families ({', '.join(row['families'])})",
+        which = f"SFT on {row['capability']}'s env" if row.get("sft", "sft") != "sft" else "SFT (every env)"
+        rows.append(["L1", f"{which}, on its families ({', '.join(row['families'])})",
                      _fmt(row["delta"]), held(row["held"])])
     for row in links["L2"]["rows"]:
         rows.append(["L2", f"{row['capability']} adapter on its env", _fmt(row["delta"]), held(row["held"])])
@@ -263,7 +276,8 @@ def _summary_rows(links: dict) -> list[list[str]]:
     best = l4.get("best_single")
     if best is not None and l4.get("moe") is not None:
         rows.append(["L4", f"MoE vs the best single adapter ({best[0].split(':', 1)[-1]})",
-                     f"{l4['moe'] - best[1]:+.3f}", held(l4["moe"] >= best[1] - 1e-12)])
+                     _fmt(l4["versus_best"]) if l4.get("versus_best") else f"{l4['moe'] - best[1]:+.3f}",
+                     held(l4["moe"] >= best[1] - 1e-12)])
     return [r for r in rows if r[2] != "–"]  # what was not measured, the link's sentence says
 
 

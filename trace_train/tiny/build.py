@@ -68,9 +68,11 @@ class ModelPreset:
 
 
 PRESETS: dict[str, ModelPreset] = {
-    # For tests: builds in seconds, a forward pass over 1k tokens takes milliseconds.
+    # For tests: builds in seconds, a forward pass over 1k tokens takes milliseconds. Its 32k positions take the
+    # LLM generator's whole prompt (15k tokens with the airline target's schemas) when `transformers serve`
+    # serves it: from 5.25 the server refuses a prompt that does not fit the model's context.
     "nano": ModelPreset(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=32768),
     # The CPU default, sized for training speed on 2 cores (attention over a ~2k-token τ² prompt is
     # most of the cost, so two layers of two heads), built with the copy circuit: it copies ids from
     # the conversation from the start, and SFT learns the turn format and when to copy within a few

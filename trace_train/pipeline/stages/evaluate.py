@@ -23,6 +23,22 @@ from .common import (_fast_decode, _selected, _tiny_episodes_seconds, base_agent
 logger = logging.getLogger(__name__)
 
 
+def warmup_adapters(ctx) -> dict[str, tuple[str, int]]:
+    """Capability -> (the SFT warm-up adapter its GRPO run started from, oracle episodes it was fitted on), for the
+    runs that had one (``train.options.sft_warmup_steps``): SFT on that capability's env alone."""
+    results = ctx.path("train", "results.json")
+    records = json.loads(results.read_text()).get("adapters", {}) if ctx.done("train") and results.is_file() else {}
+    out = {}
+    for cap, record in records.items():
+        final = record.get("final_adapter_dir") or record.get("adapter_dir")
+        folder = Path(final).parent / "sft_warmup" if final else None
+        if folder is None or not (folder / "done.json").is_file() or not (folder / "adapter").is_dir():
+            continue
+        done = json.loads((folder / "done.json").read_text())
+        out[cap] = (str(folder / "adapter"), int(done.get("episodes", 0)))
+    return out
+
+
 def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
     """The methods to evaluate, as ``(key, label, make_agent, rollouts_spent, note)``; ``make_agent`` is None
     for a method this run does not have (``note`` says why)."""
@@ -67,6 +83,9 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
         a = train.get("baselines", {}).get("sft")
         rows.append(("sft", "SFT on synthetic data", hf(model, a) if a else None, spent.get("sft", 0),
                      "" if a else why_missing("train")))
+    if "sft" in wanted:  # SFT on each capability's env alone: its GRPO run's warm-up (the L1 transfer ceiling)
+        for cap, (warm, episodes) in warmup_adapters(ctx).items():
+            rows.append((f"sft:{cap}", f"SFT on {cap}'s env (its GRPO warm-up)", hf(model, warm), episodes, ""))
     if "adapters" in wanted:
         if adapters:
             for cap, a in adapters.items():
