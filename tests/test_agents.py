@@ -58,6 +58,8 @@ class FaultServer:
                     mode = "list"
                 if mode == "500":
                     self._send(500, {"error": {"message": "boom"}})
+                elif mode == "400_unparsed":  # transformers serve (5.25) on a malformed tool call it generated
+                    self._send(400, {"detail": "json parser could not parse region as JSON.\nContent: 'guess'"})
                 elif mode == "400":  # transformers serve (5.25) on a prompt longer than the model's context
                     self._send(400, {"detail": "The prompt has 14965 tokens, but the model takes at most 8192, "
                                                "prompt and answer (`--max-model-len`)."})
@@ -197,13 +199,17 @@ def test_a_rejected_request_is_not_retried_and_says_why(fault_server):
     from trace_train.agents import is_agent_error
 
     env, obs, info = _env_after_reset()
+    # A 400 for a reply the server generated and could not parse is the sample's fault: sampled again.
+    fault_server.script = ["400_unparsed"]
+    agent = _agent(fault_server.url, max_retries=2)
+    assert isinstance(agent(obs, info), dict) and agent.stats.retries == 1 and len(fault_server.requests) == 2
+    fault_server.requests.clear()
     # One request, and the server's reason (a FastAPI `detail`, which the SDK's own message leaves out) is in the
     # error the env answers.
     fault_server.script = ["400"]
-    agent = _agent(fault_server.url, max_retries=2)
     action = agent(obs, info)
     assert is_agent_error(action) and "(400)" in action and "takes at most 8192" in action
-    assert len(fault_server.requests) == 1 and agent.stats.retries == 0
+    assert len(fault_server.requests) == 1 and agent.stats.retries == 1
     assert env.step(action)[0].startswith("Error:")
     env.close()
 

@@ -19,8 +19,10 @@ class ChatClient:
         model: the served model's name.
         api_key: the API key (``EMPTY`` for local servers).
         timeout: seconds per request.
-        max_retries: retries after a failed request (connection errors, 5xx, timeouts). A 4xx is not retried; its
-            error carries the server's reason (e.g. ``transformers serve``: a prompt longer than the model's context).
+        max_retries: retries after a failed request (connection errors, 5xx, timeouts, and a 400 whose server could
+            not parse the model's own reply: ``transformers serve`` 5.25 answers a malformed tool call that way, where
+            5.24 answered 500, and a new sample usually parses). Any other 4xx is not retried; its error carries the
+            server's reason (e.g. a prompt longer than the model's context).
         backoff: the first retry's delay in seconds; doubled each retry.
     """
 
@@ -53,7 +55,7 @@ class ChatClient:
             except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
                     openai.RateLimitError, openai.APIStatusError) as exc:
                 transient = not isinstance(exc, openai.APIStatusError) or isinstance(
-                    exc, (openai.InternalServerError, openai.RateLimitError))
+                    exc, (openai.InternalServerError, openai.RateLimitError)) or _unparsed_reply(exc)
                 if isinstance(exc, openai.APIStatusError):
                     exc = _with_detail(exc)
                 if not transient:
@@ -84,6 +86,12 @@ def status_detail(exc: Any) -> str:
     if isinstance(body, str) and body.strip():
         return body.strip()[:500]
     return ""
+
+
+def _unparsed_reply(exc: Any) -> bool:
+    """A 400 whose server generated a reply and could not parse it (``transformers serve``'s response parser on a
+    malformed tool call): the request was fine, the sample was not."""
+    return getattr(exc, "status_code", None) == 400 and "could not parse" in status_detail(exc)
 
 
 def _with_detail(exc: Any) -> Any:
