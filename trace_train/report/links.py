@@ -296,7 +296,7 @@ def links_section(doc, links: dict) -> None:
     l1, l4 = links["L1"], links["L4"]
     families = sorted(set(l1.get("per_family") or {}) | set(l4.get("per_family") or {}))
     if families:
-        doc.table(["family", "SFT − base (L1)", "MoE − base (L4)"],
+        doc.table(["family", "SFT on every env − base", "MoE − base (L4)"],
                   [[f, _fmt((l1.get("per_family") or {}).get(f)), _fmt((l4.get("per_family") or {}).get(f))]
                    for f in families],
                   "Δ pass@1 per target family, with 95% paired bootstrap intervals.")
