@@ -98,8 +98,8 @@ def test_drop_unimproved_names_the_adapters_selection_found_no_better_than_the_b
     older = {k: v for k, v in off.to_dict()["compose"].items() if k != "drop_unimproved"}
     assert off.section_hash("compose") == hashlib.sha256(
         json.dumps(older, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    assert cfg.section_hash("compose") != config_from_dict({
-        "out": str(tmp_path), "train": {"select_seeds": "100:150", "options": {"save_steps": 5}}}).section_hash("compose")
+    selection = {"out": str(tmp_path), "train": {"select_seeds": "100:150", "options": {"save_steps": 5}}}
+    assert cfg.section_hash("compose") != config_from_dict(selection).section_hash("compose")
 
 
 def test_each_grpo_runs_sft_warmup_is_evaluated_as_sft_on_its_env_alone(tmp_path, model_dir):

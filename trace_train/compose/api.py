@@ -199,8 +199,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
                 continue
             methods[method] = {"model": str(Path(base).resolve()), "adapter": str(folder.resolve())}
         elif len(named) < 2:  # one adapter per episode over a single adapter is that adapter
+            reasons = "; ".join(f"{n} left out: {why[n]}" for n in left_out)
             logger.warning("baseline %s skipped: it chooses among adapters, and only %s remains%s", method,
-                           list(named), f" ({'; '.join(f'{n} left out: {why[n]}' for n in left_out)})" if left_out else "")
+                           list(named), f" ({reasons})" if reasons else "")
             continue
         else:
             if folder.exists():

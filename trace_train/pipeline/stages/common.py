@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,12 @@ def _episodes_seconds(ctx, n: int, in_flight: int) -> float:
 
 def _selected(ctx) -> list[str]:
     return list(ctx.summary("diagnose").get("selected", []))
+
+
+def train_records(ctx) -> dict[str, dict]:
+    """The train stage's record of each adapter (``train/results.json``: its runs, checkpoint selection, ...)."""
+    results = ctx.path("train", "results.json")
+    return json.loads(results.read_text()).get("adapters", {}) if results.is_file() else {}
 
 
 def capability_envs(ctx) -> dict[str, dict]:

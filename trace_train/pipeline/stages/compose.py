@@ -6,25 +6,20 @@ import json
 from pathlib import Path
 
 from .common import (SECONDS_PER_ROUTER_RUN_TINY, SECONDS_PER_ROUTER_STEP_TINY, SECONDS_PER_SCRIPTED_EPISODE, _str,
-                     base_model_path, capability_envs, model_env_kwargs_fn)
+                     base_model_path, capability_envs, model_env_kwargs_fn, train_records)
 
 
 def _adapters(ctx) -> dict[str, str]:
     return dict(ctx.summary("train").get("adapters", {})) if ctx.done("train") else {}
 
 
-def _train_records(ctx) -> dict[str, dict]:
-    results = ctx.path("train", "results.json")
-    return json.loads(results.read_text()).get("adapters", {}) if results.is_file() else {}
-
-
 def unimproved(ctx, names: list[str]) -> dict[str, str]:
     """The adapters among ``names`` whose chosen checkpoint did no better than the base on their own env's
     validation seeds (checkpoint selection's curve), each with the figures that say so. An adapter without a
     selection (a zero update, or selection off) is not judged here."""
-    out = {}
+    records, out = train_records(ctx), {}
     for name in names:
-        chosen = (_train_records(ctx).get(name) or {}).get("selected") or {}
+        chosen = (records.get(name) or {}).get("selected") or {}
         if chosen.get("success") is None or chosen.get("base_success") is None:
             continue
         if chosen["success"] <= chosen["base_success"]:
@@ -39,7 +34,7 @@ def _selected_successes(ctx, cap: str) -> list[dict]:
     from trace_train.rollouts import read_trajectories
     from trace_train.train.select import step_episodes
 
-    step = ((_train_records(ctx).get(cap) or {}).get("selected") or {}).get("step")
+    step = ((train_records(ctx).get(cap) or {}).get("selected") or {}).get("step")
     if step is None:
         return []
     path = step_episodes(ctx.path("train", cap, "select"), int(step))

@@ -18,7 +18,7 @@ from trace_train.backends import RolloutJob, run_jobs
 
 from ..config import parse_seeds
 from .common import (_fast_decode, _selected, _tiny_episodes_seconds, base_agent_factory, base_env_kwargs_fn,
-                     base_model_path, capability_envs, model_env_kwargs_fn, workspace_registries)
+                     base_model_path, capability_envs, model_env_kwargs_fn, train_records, workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +26,8 @@ logger = logging.getLogger(__name__)
 def warmup_adapters(ctx) -> dict[str, tuple[str, int]]:
     """Capability -> (the SFT warm-up adapter its GRPO run started from, oracle episodes it was fitted on), for the
     runs that had one (``train.options.sft_warmup_steps``): SFT on that capability's env alone."""
-    results = ctx.path("train", "results.json")
-    records = json.loads(results.read_text()).get("adapters", {}) if ctx.done("train") and results.is_file() else {}
     out = {}
-    for cap, record in records.items():
+    for cap, record in (train_records(ctx) if ctx.done("train") else {}).items():
         final = record.get("final_adapter_dir") or record.get("adapter_dir")
         folder = Path(final).parent / "sft_warmup" if final else None
         if folder is None or not (folder / "done.json").is_file() or not (folder / "adapter").is_dir():
