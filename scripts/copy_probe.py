@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arg", required=True, help="the argument whose value the model must copy")
     p.add_argument("--pattern", required=True, help="regex on the first user message; group 1 is the id")
     p.add_argument("--after", default="get_user_details", help="cut the conversation after this tool's result")
+    p.add_argument("--adapter", help="a LoRA adapter folder to apply to the model (e.g. a run's SFT warm-up)")
     p.add_argument("--limit", type=int, default=200, help="episodes at most")
     p.add_argument("--show", type=int, default=5, help="print this many decoded arguments")
     args = p.parse_args(argv)
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter).merge_and_unload().eval()
     right, total = Counter(), Counter()
     prompts = list(forced_prompts(read_trajectories(args.trajectories), tokenizer, args.tool, args.arg,
                                   args.pattern, args.after))[:args.limit]

@@ -73,9 +73,10 @@ def test_an_unset_focus_share_leaves_the_generate_fingerprint_of_older_runs_alon
 
 
 def test_drop_unimproved_names_the_adapters_selection_found_no_better_than_the_base(tmp_path):
-    """compose.drop_unimproved reads each adapter's checkpoint selection: a chosen checkpoint whose validation success
-    is at or below the base's is left out (with the figures that say so); one above it, and one without a
-    selection (a zero update), are not judged. Off (the default), the compose fingerprint is the one runs made
+    """compose.drop_unimproved reads each adapter's checkpoint selection: a chosen checkpoint not clearly better than
+    the base on the validation seeds (the paired interval's lower end at or below zero: one lucky win in 50) is left
+    out, with the figures that say so; without selection's episode files, one at or below the base's value. One
+    clearly better, and one without a selection (a zero update), are kept. Off (the default), the compose fingerprint is the one runs made
     before the key had."""
     import hashlib
 
@@ -91,9 +92,24 @@ def test_drop_unimproved_names_the_adapters_selection_found_no_better_than_the_b
         "tcp": {"selected": {"step": 70, "success": 0.0, "base_success": 0.0}},
         "pv": {"selected": {"step": 20, "success": 0.30, "base_success": 0.34}},
         "zero": {"selected": {"step": 8, "final_step": 8, "skipped": "a zero update"}}}}))
-    why = unimproved(ctx, ["sdr", "tcp", "pv", "zero"])
-    assert set(why) == {"tcp", "pv"}
+    results = json.loads((tmp_path / "train" / "results.json").read_text())
+    results["adapters"]["lucky"] = {"selected": {"step": 40, "success": 0.02, "base_success": 0.0}}
+    (tmp_path / "train" / "results.json").write_text(json.dumps(results))
+
+    def episodes(cap: str, step: int, wins: int) -> None:  # selection's files: 50 validation seeds, `wins` won
+        path = tmp_path / "train" / cap / "select" / f"{step:05d}" / "trajectories.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"env_id": f"gen/{cap}", "seed": 100 + i, "success": i < wins,
+                                            "reward": float(i < wins)}) + "\n" for i in range(50)))
+
+    episodes("sdr", 0, 11), episodes("sdr", 10, 48)  # 0.22 -> 0.96: clearly better
+    episodes("lucky", 0, 0), episodes("lucky", 40, 1)  # one win in 50: within the noise
+    why = unimproved(ctx, ["sdr", "tcp", "pv", "zero", "lucky"])
+    assert set(why) == {"tcp", "pv", "lucky"}
     assert "success 0.00 at step 70, the base 0.00" in why["tcp"] and "0.30 at step 20, the base 0.34" in why["pv"]
+    assert "not clearly better" not in why["tcp"]  # no episode files: the values alone decided
+    assert why["lucky"].startswith("no checkpoint was clearly better than the base")
+    assert "success 0.02 at step 40, the base 0.00; paired Δ +0.02 [+0.00, +0.06]" in why["lucky"], why["lucky"]
     off = load_config(_write(tmp_path, "seed: 0\n"))
     older = {k: v for k, v in off.to_dict()["compose"].items() if k != "drop_unimproved"}
     assert off.section_hash("compose") == hashlib.sha256(

@@ -355,8 +355,9 @@ class ComposeSection:
         merges: PEFT merges reported as baselines (``linear``, ``ties``; empty = none).
         per_episode: also report per-episode routing (one adapter chosen from the first observation).
         drop_unimproved: leave out of the composition (the MoE, the merges and per-episode routing) every adapter
-            whose chosen checkpoint did no better than the base on its own env's validation seeds (checkpoint
-            selection, ``train.select_seeds``), as a zero update is left out: its envs label the base slot. Such
+            whose chosen checkpoint was not clearly better than the base on its own env's validation seeds
+            (checkpoint selection, ``train.select_seeds``; the paired interval's lower end at or below zero, so
+            one lucky win in 50 does not count), as a zero update is left out: its envs label the base slot. Such
             an adapter learnt nothing its env can show, and kept, it is a slot the router can send tokens to that
             only changes the base. It still gets its own row in the evaluation. Decided on the env's validation
             seeds, never on the target.

@@ -14,17 +14,33 @@ def _adapters(ctx) -> dict[str, str]:
 
 
 def unimproved(ctx, names: list[str]) -> dict[str, str]:
-    """The adapters among ``names`` whose chosen checkpoint did no better than the base on their own env's
-    validation seeds (checkpoint selection's curve), each with the figures that say so. An adapter without a
-    selection (a zero update, or selection off) is not judged here."""
+    """The adapters among ``names`` whose chosen checkpoint was not clearly better than the base on their own env's
+    validation seeds (checkpoint selection's curve), each with the figures that say so.
+
+    "Clearly better" is the paired Δ success (chosen checkpoint − base, over the validation seeds both played) with
+    the lower end of its 95% bootstrap interval above zero: one lucky win in 50 episodes is not a skill learnt
+    (seed 1 of the headline recipe: 0.02 against 0.00, and the adapter kept lowered the target). Where selection's
+    episode files are gone, the values alone decide (at or below the base). An adapter without a selection (a zero
+    update, or selection off) is not judged here."""
+    from trace_train.evaluate import compare
+    from trace_train.train.select import step_episodes
+
     records, out = train_records(ctx), {}
     for name in names:
         chosen = (records.get(name) or {}).get("selected") or {}
         if chosen.get("success") is None or chosen.get("base_success") is None:
             continue
-        if chosen["success"] <= chosen["base_success"]:
-            out[name] = (f"no checkpoint beat the base on its env's validation seeds (success {chosen['success']:.2f} "
-                         f"at step {chosen['step']}, the base {chosen['base_success']:.2f})")
+        figures = (f"success {chosen['success']:.2f} at step {chosen['step']}, the base {chosen['base_success']:.2f}")
+        select_dir = ctx.path("train", name, "select")
+        base_eps, step_eps = step_episodes(select_dir, 0), step_episodes(select_dir, int(chosen["step"]))
+        if base_eps.is_file() and step_eps.is_file():
+            delta = compare(base_eps, step_eps, ks=[1], n_boot=2000)["delta"].get("pass@1")
+            if delta is not None and not delta["ci"][0] > 0:
+                lo, hi = delta["ci"]
+                out[name] = (f"no checkpoint was clearly better than the base on its env's validation seeds ({figures};"
+                             f" paired Δ {delta['value']:+.2f} [{lo:+.2f}, {hi:+.2f}])")
+        elif chosen["success"] <= chosen["base_success"]:
+            out[name] = f"no checkpoint beat the base on its env's validation seeds ({figures})"
     return out
 
 
