@@ -12,8 +12,9 @@ state, and how many episodes made no status call at all. A constant answer shows
 and right only as often as that status is the truth.
 
 With ``--routing`` (the MoE's folder, ``compose/moe``), each such episode is teacher-forced through the MoE's
-gates, and the slot chosen at the position that *predicts* the answer's status word is counted per block, apart
-for answers stated right and wrong, beside the share over every assistant token: a router can send most tokens
+gates, and the slot chosen at the position that *predicts* the verb of the answer's status phrase (``has`` landed,
+``was`` cancelled, ``is`` delayed: after the verb, little is left to decide) is counted per block, apart for
+answers stated right and wrong, beside the share over every assistant token: a router can send most tokens
 to an adapter and still hand the one deciding token to the base.
 """
 
@@ -77,7 +78,7 @@ def read_counts(records: list[dict]) -> dict:
 
 def status_routing(moe_dir: str, records: list[dict]) -> dict:
     """Per outcome (``right``/``wrong``): the share of blocks routing each slot at the position that predicts the
-    answer's status word; ``all``: the share over every assistant token of those episodes."""
+    verb of the answer's status phrase; ``all``: the share over every assistant token of those episodes."""
     import torch
     from transformers import AutoTokenizer
 
@@ -88,6 +89,7 @@ def status_routing(moe_dir: str, records: list[dict]) -> dict:
     model, tokenizer = ComposedModel.from_pretrained(moe_dir), AutoTokenizer.from_pretrained(moe_dir)
     names = model.slot_names()
     first_piece = {w: tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in STATED}
+    verb_pieces = {tokenizer(v, add_special_tokens=False)["input_ids"][0] for v in ("has", "was", "is")}
     counts = {"right": Counter(), "wrong": Counter(), "all": Counter()}
     episodes = Counter()
     for r in records:
@@ -99,7 +101,11 @@ def status_routing(moe_dir: str, records: list[dict]) -> dict:
         hits = [(i, w) for i in answer for w, piece in first_piece.items() if ep.ids[i] == piece]
         if not hits or hits[-1][0] < 1:
             continue
-        pos, said = hits[-1]
+        status_at, said = hits[-1]
+        # The answer's status phrase opens with its verb ("has landed", "was cancelled", "is delayed"): the verb is
+        # where the answer is decided (after "has" only "landed" follows), so the position that predicts it counts.
+        verbs = [i for i in answer if i < status_at and ep.ids[i] in verb_pieces]
+        pos = verbs[-1] if verbs else status_at
         outcome = "right" if said == truth else "wrong"
         with torch.no_grad(), model.recording(choices=True) as routers:
             model(input_ids=torch.tensor([ep.ids]), use_cache=False)
@@ -114,7 +120,7 @@ def status_routing(moe_dir: str, records: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trajectories", nargs="+", help="trajectory JSONL files (e.g. a run's eval/<method>/trajectories.jsonl)")
-    p.add_argument("--routing", metavar="MOE_DIR", help="also where this MoE routed the status word (compose/moe)")
+    p.add_argument("--routing", metavar="MOE_DIR", help="also where this MoE routed the deciding token (compose/moe)")
     args = p.parse_args(argv)
 
     from trace_train.rollouts import read_trajectories
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               f"no status call in {c['no_status_call']} of {c['flight_status']} flight-status episodes")
         if args.routing:
             for outcome, row in status_routing(args.routing, records).items():
-                what = "every assistant token" if outcome == "all" else f"the token before a status stated {outcome}"
+                what = "every assistant token" if outcome == "all" else f"the position deciding a status stated {outcome}"
                 shares = ", ".join(f"{s} {v:.2f}" for s, v in row["shares"].items()) or "–"
                 print(f"  {what} ({row['episodes']} episodes): {shares}")
         print(json.dumps({"file": path, **c}))

@@ -147,13 +147,16 @@ def _lora(model, seed=0):
     return peft_model
 
 
-@pytest.mark.parametrize("top_k, gate_input", [(1, "token"), (2, "token"), (1, "context")])
-def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_input):
+@pytest.mark.parametrize("top_k, gate_input, gate_weight", [(1, "token", "prob"), (2, "token", "prob"),
+                                                           (1, "context", "prob"), (1, "context", "one"),
+                                                           (2, "token", "one")])
+def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_input, gate_weight):
     """A token-level MoE (two LoRA experts, gates that send tokens to every slot) on the fast path: the tokens
     of its own ``generate``, except at a float-rounding tie, as for the plain model. With context gates (each
     gate also reads the centred running mean of its block's inputs) the loop carries each row's running sums
     through the shared prefix, the row's own prompt and every generated token; a second turn re-encodes its
-    prompt after the shared prefix (the store keeps no sums) and still decodes like ``generate``."""
+    prompt after the shared prefix (the store keeps no sums) and still decodes like ``generate``. With
+    ``gate_weight="one"`` the chosen slots' weights are renormalised (top-1: the whole update) on both paths."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -166,7 +169,7 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
         peft_model = _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1)
         peft_model.save_pretrained(tmp_path / name)
         adapters[name] = str(tmp_path / name)
-    composed = ComposedModel.build(path, adapters, top_k=top_k, gate_input=gate_input).eval()
+    composed = ComposedModel.build(path, adapters, top_k=top_k, gate_input=gate_input, gate_weight=gate_weight).eval()
     eos = _eos(tok)
     _, prompts = _first_prompts(tok, range(8))
     gen = torch.Generator().manual_seed(7)

@@ -82,7 +82,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
             base_bias: float = 5.0, gate_input: str = "token", threads: int | None = 1, device: str = "cpu",
             base_envs: Sequence[str] = (), drop_zero_updates: bool = True,
-            leave_out: Mapping[str, str] | None = None, progress: bool = True) -> ComposeResult:
+            leave_out: Mapping[str, str] | None = None, gate_weight: str = "prob",
+            progress: bool = True) -> ComposeResult:
     """Compose K capability adapters into one token-routed model and write it with its baselines.
 
     Args:
@@ -106,6 +107,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         gate_input: what the gates read: ``"token"`` (the block input at the token, the paper's gate) or
             ``"context"`` (and the causal mean of the block inputs so far; for shallow models whose token
             states do not carry the task). See :mod:`trace_train.compose.model`.
+        gate_weight: the forward weight of a chosen slot's update: ``"prob"`` (its gate probability: the paper's
+            multiplicative gating) or ``"one"`` (renormalised over the chosen slots, so top-1 adds the whole
+            update; straight-through gradient). See :data:`trace_train.compose.model.GATE_WEIGHTS`.
         threads: ``torch.set_num_threads`` (None leaves it alone).
         device: torch device.
         base_envs: env ids whose episodes the label loss sends to the base slot (tasks where the base
@@ -123,6 +127,10 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     import torch
     from transformers import AutoTokenizer
 
+    from .model import GATE_WEIGHTS
+
+    if gate_weight not in GATE_WEIGHTS:
+        raise ComposeError(f"gate_weight must be one of {', '.join(GATE_WEIGHTS)}, got {gate_weight!r}")
     unknown = set(baselines) - set(BASELINES)
     if unknown:
         raise ComposeError(f"unknown baselines {sorted(unknown)}; choose from {', '.join(BASELINES)}")
@@ -162,7 +170,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     if records and not successful:
         raise ComposeError(f"none of the {len(records)} trajectories succeeded; the router learns from "
                            "successful episodes (lower --min-reward, or roll out each adapter on its own env)")
-    model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device, gate_input=gate_input)
+    model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device, gate_input=gate_input,
+                                gate_weight=gate_weight)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     result = ComposeResult(out_dir=out)
     result.labelled_envs = {env: model.adapter_names[s - 1] if s else "base" for env, s in sorted(slots.items())}

@@ -57,6 +57,11 @@ ROUTINGS = ("token", "per_episode")
 #: What a gate reads: ``token`` = the block input at the token (the paper's gate, ``Linear(hidden, K + 1)``);
 #: ``context`` = that and the causal mean of the block inputs so far (``Linear(2 · hidden, K + 1)``).
 GATE_INPUTS = ("token", "context")
+#: The forward weight of a chosen slot's update (``gate_weight``): ``prob`` = the gate's softmax probability (the
+#: paper's multiplicative gating: a top-1 choice at p = 0.55 adds 55% of the adapter's update); ``one`` = the chosen
+#: slots' probabilities renormalised to sum to 1 (top-1: the whole update, as the adapter alone would add it), with
+#: the gradient of ``prob`` (straight-through), so that the next-token loss still trains the gates.
+GATE_WEIGHTS = ("prob", "one")
 
 
 @dataclass
@@ -161,6 +166,8 @@ class BlockRouter:
         self.logits = logits if owner.keep_logits else None
         probs = torch.softmax(logits.float(), dim=-1).to(hidden.dtype).reshape(n, -1)
         weights, slots = probs.topk(owner.top_k, dim=-1)
+        if owner.gate_weight == "one":
+            weights = (weights / weights.sum(-1, keepdim=True)).detach() + weights - weights.detach()
         if owner.keep_choices:
             self.choice = slots[:, 0].view(batch, seq).detach()
         self.dispatch = _dispatch(slots, weights, owner.num_experts, owner.small_step_tokens)
@@ -314,12 +321,13 @@ class ComposeSpec:
     routing: str = "token"
     training: dict | None = None
     gate_input: str = "token"
+    gate_weight: str = "prob"
 
     def as_json(self) -> dict:
         return {"format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
                 "base_sha256": self.base_sha256, "adapters": self.adapters, "target_modules": self.target_modules,
                 "top_k": self.top_k, "base_bias": self.base_bias, "routing": self.routing,
-                "gate_input": self.gate_input, "training": self.training}
+                "gate_input": self.gate_input, "gate_weight": self.gate_weight, "training": self.training}
 
 
 class ComposedModel(nn.Module):
@@ -347,6 +355,8 @@ class ComposedModel(nn.Module):
             raise ComposeError(f"top_k={spec.top_k} must be between 1 and K + 1 = {len(adapter_names) + 1}")
         if spec.gate_input not in GATE_INPUTS:
             raise ComposeError(f"gate_input must be one of {', '.join(GATE_INPUTS)}, got {spec.gate_input!r}")
+        if spec.gate_weight not in GATE_WEIGHTS:
+            raise ComposeError(f"gate_weight must be one of {', '.join(GATE_WEIGHTS)}, got {spec.gate_weight!r}")
         self.model = model
         self.spec = spec
         self.adapter_names = list(adapter_names)
@@ -397,7 +407,7 @@ class ComposedModel(nn.Module):
     @classmethod
     def build(cls, base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], top_k: int = 1,
               base_bias: float = 5.0, dtype: torch.dtype = torch.float32, device: str = "cpu",
-              gate_input: str = "token") -> "ComposedModel":
+              gate_input: str = "token", gate_weight: str = "prob") -> "ComposedModel":
         """A composed model with fresh gates (it starts as the base model).
 
         Args:
@@ -407,6 +417,8 @@ class ComposedModel(nn.Module):
             base_bias: initial bias of the base slot (5.0 → p_base ≈ 0.97 with near-zero gate weights).
             gate_input: ``"token"`` (the block input at the token) or ``"context"`` (and the causal mean of the
                 block inputs so far); see the module docstring.
+            gate_weight: the forward weight of a chosen slot's update: ``"prob"`` (its gate probability, the
+                paper's) or ``"one"`` (renormalised over the chosen slots, straight-through); see :data:`GATE_WEIGHTS`.
             dtype, device: of the loaded model.
         """
         from transformers import AutoModelForCausalLM
@@ -421,7 +433,7 @@ class ComposedModel(nn.Module):
         plain, experts = extract_experts(model, refs)
         spec = ComposeSpec(base=str(base.resolve()), base_sha256=base_digest, adapters=[r.as_json() for r in refs],
                            target_modules=sorted({n.rpartition(".")[2] for n in experts}), top_k=top_k,
-                           base_bias=base_bias, gate_input=gate_input)
+                           base_bias=base_bias, gate_input=gate_input, gate_weight=gate_weight)
         return cls(plain, experts, spec, [r.name for r in refs]).to(device).eval()
 
     def save_pretrained(self, out: str | Path, tokenizer: Any = None) -> Path:
@@ -456,7 +468,7 @@ class ComposedModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                         check_hashes: bool = True, top_k: int | None = None,
-                        routing: str | None = None) -> "ComposedModel":
+                        routing: str | None = None, gate_weight: str | None = None) -> "ComposedModel":
         """Load a composed folder: the base and adapters it references (hash-checked), then its gates.
 
         Args:
@@ -464,6 +476,8 @@ class ComposedModel(nn.Module):
             check_hashes: refuse a base or adapter whose files changed since composing (recommended).
             top_k: override the saved top-k (e.g. to evaluate a top-1-trained router at top-2).
             routing: override the saved routing (``"token"`` or ``"per_episode"``).
+            gate_weight: override the saved forward weight of a chosen slot (``"prob"`` or ``"one"``; folders
+                written before the setting existed are ``"prob"``).
         """
         from safetensors.torch import load_file
 
@@ -485,7 +499,8 @@ class ComposedModel(nn.Module):
                                    "compose again, or load with check_hashes=False at your own risk")
         model = cls.build(raw["base"], {a["name"]: a["path"] for a in raw["adapters"]},
                           top_k=top_k or raw["top_k"], base_bias=raw["base_bias"], dtype=dtype, device=device,
-                          gate_input=raw.get("gate_input", "token"))
+                          gate_input=raw.get("gate_input", "token"),
+                          gate_weight=gate_weight or raw.get("gate_weight", "prob"))
         model.spec.training = raw.get("training")
         model.routing = routing or raw.get("routing", "token")
         state = load_file(str(path / GATES_FILE))
@@ -535,6 +550,11 @@ class ComposedModel(nn.Module):
             yield
         finally:
             self.token_mask = previous
+
+    @property
+    def gate_weight(self) -> str:
+        """The forward weight of a chosen slot's update: ``"prob"`` or ``"one"`` (:data:`GATE_WEIGHTS`)."""
+        return self.spec.gate_weight
 
     @property
     def routing(self) -> str:

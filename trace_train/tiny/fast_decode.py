@@ -179,6 +179,7 @@ class _Router:
     gu: _Routed | None
     d: _Routed | None
     center: Any = None  # context gates: the block's context centre [hidden] (float32); None for token gates
+    renormalise: bool = False  # gate_weight "one": the chosen slots' weights renormalised to sum to 1
 
 
 @dataclass
@@ -260,7 +261,8 @@ def read_weights(model: Any) -> _Weights:
                                      gu=_routed([mlp.gate_proj, mlp.up_proj], model.num_experts),
                                      d=_routed([mlp.down_proj], model.num_experts),
                                      center=model.context_centers[li].detach().float()
-                                     if getattr(model, "gate_input", "token") == "context" else None)))
+                                     if getattr(model, "gate_input", "token") == "context" else None,
+                                     renormalise=getattr(model, "gate_weight", "prob") == "one")))
         lm_w, lm_b = _linear(base.lm_head)
         rotary = base.model.rotary_emb
         embed = base.model.embed_tokens.weight.detach()
@@ -440,6 +442,8 @@ class FastDecoder:
             x = torch.cat([x, context], dim=-1)
         probs = torch.softmax(F.linear(x.to(r.gate_w.dtype), r.gate_w, r.gate_b).float(), dim=-1).to(h.dtype)
         weights, slots = probs.topk(r.top_k, dim=-1)
+        if r.renormalise:
+            weights = weights / weights.sum(-1, keepdim=True)
         return torch.zeros_like(probs).scatter_add_(-1, slots, weights)[..., 1:]
 
     @staticmethod
