@@ -45,6 +45,7 @@ def _write(tmp_path, text: str):
     ("generate: {focus_share: 1.0, llm_url: 'http://x', llm_model: m}", "generate.focus_share is the offline"),
     ("compose: {drop_unimproved: true}", "compose.drop_unimproved reads checkpoint selection's validation curves"),
     ("compose: {drop_unimproved: 'yes'}", "compose.drop_unimproved must be bool, got 'yes'"),
+    ("compose: {options: {gate_weight: half}}", "compose.options.gate_weight: 'half' is not one of prob, one"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:

@@ -385,6 +385,10 @@ class ComposeSection:
             from ..compose.model import GATE_INPUTS
 
             _choice("compose.options.gate_input", self.options["gate_input"], GATE_INPUTS)
+        if "gate_weight" in self.options:
+            from ..compose.model import GATE_WEIGHTS
+
+            _choice("compose.options.gate_weight", self.options["gate_weight"], GATE_WEIGHTS)
         if "train" in self.options:  # the router's settings: checked now, not after the adapters have trained
             from ..compose.adapters import ComposeError
             from ..compose.api import router_config
