@@ -158,11 +158,13 @@ def test_sparse_equals_dense_under_learned_gates(setup, top_k, batch, seq, small
     assert torch.allclose(sparse, dense, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("top_k", [1, 2])
-def test_gating_is_base_plus_each_chosen_experts_delta_times_its_probability(setup, top_k):
-    """out = W x + sum over the top-k slots (slot 0 adds nothing) of p_slot * (PEFT adapter's delta)."""
+def first_projection_check(setup, top_k: int, gate_weight: str):
+    """Run a composed model with scrambled gates; return (its first q_proj's output, what the gating formula gives
+    for it, the model, the input ids). The formula: W x + sum over the top-k slots (slot 0 adds nothing) of the
+    slot's weight times the PEFT adapter's delta, the weight being p_slot (``prob``) or p_slot over the top-k p's
+    sum (``one``)."""
     base, adapters, _ = setup
-    model = ComposedModel.build(base, adapters, top_k=top_k)
+    model = ComposedModel.build(base, adapters, top_k=top_k, gate_weight=gate_weight)
     scramble_gates(model, seed=7)
     q_proj = model.model.model.layers[0].self_attn.q_proj
     seen = {}
@@ -179,12 +181,21 @@ def test_gating_is_base_plus_each_chosen_experts_delta_times_its_probability(set
             PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), a).eval()
             .base_model.model.model.layers[0].self_attn.q_proj(x) - q_proj.base(x) for a in adapters.values()]
     weights, slots = probs.topk(top_k, dim=-1)
+    if gate_weight == "one":
+        weights = weights / weights.sum(-1, keepdim=True)
     for j in range(top_k):
         for slot in range(1, K + 1):
             chosen = (slots[..., j] == slot).unsqueeze(-1)
             expected = expected + torch.where(chosen, weights[..., j:j + 1] * deltas[slot], 0.0)
     assert (slots[..., 0] > 0).any() and (slots[..., 0] == 0).any()  # a mix of experts and the base
-    assert torch.allclose(seen["y"], expected, atol=1e-5, rtol=0)
+    return seen["y"], expected, model, ids
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_gating_is_base_plus_each_chosen_experts_delta_times_its_probability(setup, top_k):
+    """out = W x + sum over the top-k slots (slot 0 adds nothing) of p_slot * (PEFT adapter's delta)."""
+    got, expected, _, _ = first_projection_check(setup, top_k, "prob")
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
@@ -192,31 +203,8 @@ def test_gate_weight_one_adds_the_chosen_experts_whole_delta_and_still_trains_th
     """gate_weight="one": out = W x + sum over the top-k slots of (p_slot / sum of the top-k p) * delta, so top-1 adds
     the adapter's whole update (the paper's gating adds p times it); the gradient is the probability's
     (straight-through), so the next-token loss still reaches every gate. The setting survives save and load."""
-    base, adapters, _ = setup
-    model = ComposedModel.build(base, adapters, top_k=top_k, gate_weight="one")
-    scramble_gates(model, seed=7)
-    q_proj = model.model.model.layers[0].self_attn.q_proj
-    seen = {}
-    hook = q_proj.register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
-    ids = tokens(base, batch=2, seq=13)
-    with torch.no_grad(), model.recording(logits=True) as routers:
-        model(ids)
-        probs = torch.softmax(routers[0].logits.float(), -1)
-    hook.remove()
-    x = seen["x"]
-    expected = q_proj.base(x)
-    with torch.no_grad():
-        deltas = [None] + [
-            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), a).eval()
-            .base_model.model.model.layers[0].self_attn.q_proj(x) - q_proj.base(x) for a in adapters.values()]
-    weights, slots = probs.topk(top_k, dim=-1)
-    weights = weights / weights.sum(-1, keepdim=True)
-    for j in range(top_k):
-        for slot in range(1, K + 1):
-            chosen = (slots[..., j] == slot).unsqueeze(-1)
-            expected = expected + torch.where(chosen, weights[..., j:j + 1] * deltas[slot], 0.0)
-    assert (slots[..., 0] > 0).any() and (slots[..., 0] == 0).any()
-    assert torch.allclose(seen["y"], expected, atol=1e-5, rtol=0)
+    got, expected, model, ids = first_projection_check(setup, top_k, "one")
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
     model.train()
     model(input_ids=ids, labels=ids).loss.backward()
     assert all(float(g.weight.grad.abs().sum()) > 0 for g in model.gates)
@@ -226,7 +214,7 @@ def test_gate_weight_one_adds_the_chosen_experts_whole_delta_and_still_trains_th
     assert ComposedModel.from_pretrained(out).gate_weight == "one"
     assert ComposedModel.from_pretrained(out, gate_weight="prob").gate_weight == "prob"
     with pytest.raises(ComposeError, match="gate_weight must be one of prob, one"):
-        ComposedModel.build(base, adapters, gate_weight="half")
+        ComposedModel.build(setup[0], setup[1], gate_weight="half")
 
 
 def test_only_gates_get_gradients_and_their_count(setup, composed):
