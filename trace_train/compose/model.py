@@ -11,7 +11,8 @@ projection of the block:
 with ``p_top`` the chosen slot's softmax probability (top-k sums the k chosen slots, each scaled by its
 own probability; choosing slot 0 adds nothing). With ``gate_weight="one"`` the chosen slots' probabilities are
 renormalised to sum to 1 (top-1: ``p_top`` is 1 in the forward, its gradient still the probability's).
-The base slot's bias starts at ``base_bias`` (5.0) and the gate weights near zero, so a fresh composed model routes every token to the base and is the base.
+The base slot's bias starts at ``base_bias`` (5.0) and the gate weights near zero, so a fresh composed
+model routes every token to the base and is the base.
 
 What the gate reads (``gate_input``). ``"token"`` is the paper's gate: the block input at the token. On a
 model as shallow as the tiny CPU presets that input carries the token and the few before it, not the task,
