@@ -119,7 +119,8 @@ def status_routing(moe_dir: str, records: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trajectories", nargs="+", help="trajectory JSONL files (e.g. a run's eval/<method>/trajectories.jsonl)")
+    p.add_argument("trajectories", nargs="+",
+                   help="trajectory JSONL files (e.g. a run's eval/<method>/trajectories.jsonl)")
     p.add_argument("--routing", metavar="MOE_DIR", help="also where this MoE routed the deciding token (compose/moe)")
     args = p.parse_args(argv)
 
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
               f"no status call in {c['no_status_call']} of {c['flight_status']} flight-status episodes")
         if args.routing:
             for outcome, row in status_routing(args.routing, records).items():
-                what = "every assistant token" if outcome == "all" else f"the position deciding a status stated {outcome}"
+                what = ("every assistant token" if outcome == "all"
+                        else f"the position deciding a status stated {outcome}")
                 shares = ", ".join(f"{s} {v:.2f}" for s, v in row["shares"].items()) or "–"
                 print(f"  {what} ({row['episodes']} episodes): {shares}")
         print(json.dumps({"file": path, **c}))
