@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trace_train.cli import main
-from trace_train.pipeline.config import ConfigError, config_from_dict, embedded_default, load_config
+from trace_train.pipeline.config import SECTIONS, ConfigError, config_from_dict, embedded_default, load_config
 
 SCRIPTED = {"kind": "scripted", "agent": "tau:noisy",
             "agent_kwargs": {"p": 0.7, "capabilities": ["multi_step_completion", "tool_calling_precision"]}}
@@ -58,6 +58,22 @@ def test_the_cli_reports_a_config_error_on_one_line(tmp_path, capsys):
     assert main(["run", str(_write(tmp_path, "compose: {top_k: 0}"))]) == 2
     err = capsys.readouterr().err
     assert "compose.top_k must be >= 1, got 0" in err and "Traceback" not in err
+
+
+def test_the_run_seed_is_in_the_fingerprints_of_the_stages_it_draws_for(tmp_path):
+    """``--set seed=1`` on a run directory made with seed 0 re-runs the rollouts, training and evaluation (their
+    samples and intervals are drawn with it) and nothing else; at the default 0 the fingerprints are those of
+    runs made before the seed was fingerprinted."""
+    import hashlib
+
+    zero = load_config(_write(tmp_path, "seed: 0\n"))
+    one = load_config(_write(tmp_path, "seed: 0\n"), ["seed=1"])
+    changed = {name for name in SECTIONS if zero.section_hash(name) != one.section_hash(name)}
+    assert changed == {"rollout", "train", "evaluate"}
+    older = zero.to_dict()["evaluate"]
+    assert zero.section_hash("evaluate") == hashlib.sha256(
+        json.dumps(older, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert one.section_hash("train") != load_config(_write(tmp_path, "seed: 0\n"), ["seed=2"]).section_hash("train")
 
 
 def test_an_unset_focus_share_leaves_the_generate_fingerprint_of_older_runs_alone(tmp_path):

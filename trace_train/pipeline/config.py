@@ -514,6 +514,8 @@ class RunConfig:
         for key in HASHED_WHEN_SET.get(name, ()):  # at its default, a newer key leaves older runs' fingerprints alone
             if key in data and data[key] == defaults.get(key):
                 data.pop(key)
+        if name in SEEDED_STAGES and self.seed != RunConfig.seed:  # the run's seed draws these stages' samples
+            data = {**data, "run seed": self.seed}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -523,6 +525,11 @@ NOT_HASHED = {"rollout": ("engine",)}
 #: Keys added after runs were made, fingerprinted only when not at their default (so that a run made before them
 #: does not re-run).
 HASHED_WHEN_SET = {"generate": ("focus_share",), "compose": ("drop_unimproved",)}
+
+#: Stages whose outputs depend on the run's top-level ``seed`` (the base agent's sampling in rollouts, checkpoint
+#: selection's episodes, evaluation's sampling and bootstrap intervals). The seed enters their fingerprints only
+#: when it is not the default 0, so that runs made before it was fingerprinted do not re-run.
+SEEDED_STAGES = ("rollout", "train", "evaluate")
 
 SECTIONS: dict[str, type] = {"base": BaseSection, "rollout": RolloutSection, "diagnose": DiagnoseSection,
                              "generate": GenerateSection, "train": TrainSection, "compose": ComposeSection,
