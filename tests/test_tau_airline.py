@@ -136,6 +136,48 @@ def test_uniform_status_prob_spreads_todays_statuses_and_leaves_the_default_draw
             env.close()
 
 
+def test_named_id_prob_withholds_the_reservation_id_until_the_agent_asks():
+    """``named_id_prob: 0``: a request about one reservation says "my reservation"; the user gives the id only
+    when asked "Which reservation is it?" (the request's ``ask``), which the oracle asks right before its
+    reservation read and so still solves every task; an agent that reads without asking has no id to read.
+    At the default 1 the tasks are the ones every seed gave before."""
+    from trace_envs.domains.airline.tasks import ASK_RESERVATION
+
+    size = {"bundle_prob": 0.0}
+    scenarios = ["cancel", "info", "baggage", "passenger_update"]
+    named = gym.make(ENV_ID, scenarios=scenarios, size=size)
+    one = gym.make(ENV_ID, scenarios=scenarios, size={**size, "named_id_prob": 1.0})
+    withheld = gym.make(ENV_ID, scenarios=scenarios, size={**size, "named_id_prob": 0.0})
+    try:
+        asked = 0
+        for seed in range(40):
+            withheld.reset(seed=seed)
+            task = withheld.unwrapped.task
+            request = task.requests[0]
+            reads = [c for c in request.reads if c.name == "get_reservation_details"]
+            if request.ask:
+                asked += 1
+                assert request.ask == ASK_RESERVATION and "my reservation" in task.user.opening
+                assert not any(c.arguments["reservation_id"] in task.user.opening for c in reads)
+                assert reads[0].arguments["reservation_id"] in request.details
+            traj = rollout(withheld, OracleAgent(), seed=seed)
+            assert traj["reward"] == 1.0, (seed, traj["reward_breakdown"])
+            if request.ask:
+                messages = [m for m in traj["messages"] if m["role"] in ("assistant", "user")]
+                i = next(i for i, m in enumerate(messages) if m["content"] == ASK_RESERVATION)
+                assert reads[0].arguments["reservation_id"] in messages[i + 1]["content"]  # the user's answer
+                assert "get_reservation_details" in str(messages[i + 2].get("tool_calls") or messages[i + 2])
+        assert asked >= 20  # the ask is the rule for these families, not a corner case
+        for seed in (0, 5, 77):
+            named.reset(seed=seed)
+            one.reset(seed=seed)
+            assert named.unwrapped.task_fingerprint() == one.unwrapped.task_fingerprint()
+            assert not named.unwrapped.task.requests[0].ask
+    finally:
+        for env in (named, one, withheld):
+            env.close()
+
+
 def test_tau2_size_and_fixed_db_seed():
     e = gym.make(ENV_ID, size="tau2", db_seed=3)
     try:

@@ -86,6 +86,8 @@ def plan_turns(task: TauTask, lacks: Iterable[str] = ()) -> list[Any]:
         if i >= 1 and "multi_step_completion" in lacks:
             turns.append(f"Thank you for reaching out. {ANYTHING_ELSE}")
             continue
+        if r.ask:
+            turns.append(r.ask)  # the request did not name its record: the user's answer gives it
         for c in r.reads:
             call(c)
         wrong = "structured_data_reasoning" in lacks

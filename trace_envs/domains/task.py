@@ -63,6 +63,8 @@ class Request:
         wrong_write / wrong_message: what an agent that picks the wrong record or misreads a
             number does instead (for requests that need structured data reasoning).
         details: the facts the user gives when asked which record or what exactly they mean.
+        ask: a question the agent must ask before its reads, because the request does not name the record
+            (the user's answer is ``details``); empty when the request names it.
     """
 
     kind: str
@@ -77,6 +79,7 @@ class Request:
     wrong_write: Call | None = None
     wrong_message: str | None = None
     details: str = ""
+    ask: str = ""
 
     @property
     def needs_reasoning(self) -> bool:

@@ -33,7 +33,11 @@ request about a flight of today or of a past day gets a status drawn uniformly f
 planted in the task's layer: today ``landed``, ``flying``, ``cancelled``, ``delayed`` or ``on time``, a past
 day ``landed`` or ``cancelled``; default 0: the database's own status, where ``landed`` is the large
 majority). A capability env can use it so that a constant answer earns little of those requests: only
-reading the tool's result earns them all.
+reading the tool's result earns them all), ``named_id_prob`` (chance that a request about one reservation
+names it by id; default 1. Otherwise the user says "my reservation" and gives the id only when the agent
+asks "Which reservation is it?" (:data:`ASK_RESERVATION`, the request's ``ask``), as τ²-bench's users reveal
+facts when asked. Applies to cancel, flight change, cabin change, baggage, passenger update and the info
+questions about a reservation; compensation names the flight.)
 """
 
 from __future__ import annotations
@@ -64,7 +68,9 @@ from .db import (
 
 SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "passenger_update", "compensation",
              "flight_status", "info")
-DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0}
+DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0, "named_id_prob": 1.0}
+#: What the agent asks when a request does not name its reservation (the user answers with the id).
+ASK_RESERVATION = "Which reservation is it?"
 #: The statuses a flight of today, and of a past day, can have (``uniform_status_prob`` draws among them).
 TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed", "on time")
 PAST_STATUSES = ("landed", "cancelled")
@@ -123,6 +129,7 @@ class _Gen:
         self.used: set[tuple[str, str]] = set()  # flight-days planted records use (kept apart)
         self.user_id = ""
         self.distractor_prob = 0.45  # chance a request names its reservation by description (see distractor)
+        self.ask = ""  # the question the request being built needs before its reads (see name_reservation)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -239,11 +246,28 @@ class _Gen:
         return (f"my {trip} from {CITY.get(r['origin'], r['origin'])} ({r['origin']}) to "
                 f"{CITY.get(r['destination'], r['destination'])} ({r['destination']}) leaving on {r['flights'][0]['date']}")
 
+    def name_reservation(self, rid: str) -> str:
+        """How a request names reservation ``rid``: ``reservation <id>``, or, with chance 1 − ``named_id_prob``,
+        ``my reservation`` (the id withheld until the agent asks; sets :attr:`ask`). No draw at the default 1,
+        so the default tasks stay the ones every seed gave before."""
+        p = self.mix["named_id_prob"]
+        if p >= 1 or self.d.chance(p):
+            return f"reservation {rid}"
+        self.ask = ASK_RESERVATION
+        return "my reservation"
+
+    def build(self, family: str) -> Request:
+        """One request of ``family``, with the question it needs before its reads (``ask``), if any."""
+        self.ask = ""
+        request = FAMILIES[family](self)
+        request.ask = self.ask
+        return request
+
     def target(self, r: dict, distractor: dict | None) -> tuple[str, list[Call], str]:
         """How the user names reservation ``r``: by id, or by description when a distractor exists (then the
         agent must read the user's reservations to find it). Returns (phrase, reads, details)."""
         if distractor is None:
-            return f"reservation {r['reservation_id']}", [Call("get_reservation_details",
+            return self.name_reservation(r["reservation_id"]), [Call("get_reservation_details",
                                                                {"reservation_id": r["reservation_id"]})], \
                 f"The reservation id is {r['reservation_id']}."
         reads = [Call("get_reservation_details", {"reservation_id": rid}) for rid in self.user["reservations"]]
@@ -419,7 +443,7 @@ def _cabin_change(g: _Gen) -> Request:
                                                  "actual_departure_time_est": f"{day}T08:00:00",
                                                  "actual_arrival_time_est": f"{day}T10:00:00"})
         r = rec
-        text = f"I'd like to change reservation {r['reservation_id']} to {new.replace('_', ' ')}."
+        text = f"I'd like to change {g.name_reservation(r['reservation_id'])} to {new.replace('_', ' ')}."
         return Request("cabin_change", text, "refuse", reads=[Call("get_reservation_details",
                                                                   {"reservation_id": r["reservation_id"]})],
                        communicate=["already been flown"],
@@ -469,7 +493,7 @@ def _baggage(g: _Gen) -> Request:
         call = Call("update_reservation_baggages", {"reservation_id": r["reservation_id"], "total_baggages": new_total,
                                                     "nonfree_baggages": min(r["nonfree_baggages"], new_total),
                                                     "payment_id": g.card()})
-        return Request("baggage", f"Please remove one checked bag from reservation {r['reservation_id']}; I'm "
+        return Request("baggage", f"Please remove one checked bag from {g.name_reservation(r['reservation_id'])}; I'm "
                                   f"packing lighter.", "refuse",
                        reads=[Call("get_reservation_details", {"reservation_id": r["reservation_id"]})],
                        forbidden_write=call, details=f"The reservation id is {r['reservation_id']}.",
@@ -498,7 +522,7 @@ def _baggage(g: _Gen) -> Request:
             break
     paid = (f"{plural(nonfree - n0, 'extra bag')} at $50 each: {money(cost)}, charged to {card}"
             if cost else "no extra charge")
-    return Request("baggage", f"I'd like to add {plural(add, 'checked bag')} to reservation {rid}.", "act",
+    return Request("baggage", f"I'd like to add {plural(add, 'checked bag')} to {g.name_reservation(rid)}.", "act",
                    reads=[Call("get_reservation_details", {"reservation_id": rid})], write=call, wrong_write=wrong,
                    details=f"The reservation id is {rid}; I want {plural(add, 'more bag')}.",
                    message=f"As a {membership} member in {r['cabin'].replace('_', ' ')}, each passenger gets "
@@ -593,7 +617,7 @@ def _passenger_update(g: _Gen) -> Request:
     if refuse:
         p = {"first_name": d.pick(pools["first"]), "last_name": d.pick(pools["last"]), "dob": "1990-06-15"}
         return Request("passenger_update", f"Please add {p['first_name']} {p['last_name']} as an extra passenger on "
-                                           f"reservation {rid}.", "refuse", reads=reads,
+                                           f"{g.name_reservation(rid)}.", "refuse", reads=reads,
                        details=f"The reservation id is {rid}.", communicate=["cannot change"],
                        message=f"I'm sorry, but the number of passengers on a reservation cannot change; "
                                f"reservation {rid} keeps its {plural(len(pax), 'passenger')}.")
@@ -620,7 +644,7 @@ def _passenger_update(g: _Gen) -> Request:
         if bad != new and bad != pax:
             wrong = Call("update_reservation_passengers", {"reservation_id": rid, "passengers": bad})
     shown = "; ".join(f"{p['first_name']} {p['last_name']} ({p['dob']})" for p in new)
-    return Request("passenger_update", f"On reservation {rid}, please {ask}.", "act", reads=reads,
+    return Request("passenger_update", f"On {g.name_reservation(rid)}, please {ask}.", "act", reads=reads,
                    write=Call("update_reservation_passengers", {"reservation_id": rid, "passengers": new}),
                    wrong_write=wrong, details=f"The reservation id is {rid}.",
                    message=f"I will update the passengers of reservation {rid} to: {shown}.",
@@ -725,7 +749,7 @@ def _info(g: _Gen) -> Request:
         rid = r["reservation_id"]
         total = sum(p["amount"] for p in r["payment_history"])
         per_pax = sum(s["price"] for s in r["flights"])
-        return Request("info", f"How much did I pay in total for reservation {rid}?", "answer",
+        return Request("info", f"How much did I pay in total for {g.name_reservation(rid)}?", "answer",
                        reads=[Call("get_reservation_details", {"reservation_id": rid})],
                        communicate=[money(total)], details=f"The reservation id is {rid}.",
                        message=f"For reservation {rid} you paid a total of {money(total)}.",
@@ -754,7 +778,7 @@ def _info(g: _Gen) -> Request:
     per = free_bags(membership, r["cabin"])
     allowance = per * pax
     bad = next((b for b in [per] + [free_bags(m, r["cabin"]) * pax for m in MEMBERSHIPS] if b != allowance), None)
-    return Request("info", f"How many checked bags can I bring for free on reservation {rid}?", "answer",
+    return Request("info", f"How many checked bags can I bring for free on {g.name_reservation(rid)}?", "answer",
                    reads=[Call("get_reservation_details", {"reservation_id": rid})],
                    communicate=[f"{allowance} free checked bag"], details=f"The reservation id is {rid}.",
                    message=f"As a {membership} member in {r['cabin'].replace('_', ' ')}, each passenger gets {per}; "
@@ -850,7 +874,7 @@ class AirlineRequestSession(RequestSession):
         if refuse is not None:
             self.g.mix["refusal_prob"] = 1.0 if refuse else 0.0
         try:
-            return FAMILIES[family](self.g)
+            return self.g.build(family)
         finally:
             self.g.mix["refusal_prob"] = default
 
@@ -889,7 +913,7 @@ def _draw(rng: np.random.Generator, db: Layer, scenarios: list[str], size: dict)
     if g.d.chance(g.mix["bundle_prob"]):
         n = 2 if g.d.chance(0.6) else 3
     kinds = [g.d.pick(scenarios) for _ in range(n)]
-    requests = [FAMILIES[k](g) for k in kinds]
+    requests = [g.build(k) for k in kinds]
     user = g.user
     name = f"{user['name']['first_name']} {user['name']['last_name']}"
     greeting = g.d.pick(("Hi!", "Hello.", "Hi there,", "Good afternoon."))
