@@ -136,45 +136,46 @@ def test_uniform_status_prob_spreads_todays_statuses_and_leaves_the_default_draw
             env.close()
 
 
-def test_named_id_prob_withholds_the_reservation_id_until_the_agent_asks():
-    """``named_id_prob: 0``: a request about one reservation says "my reservation"; the user gives the id only
-    when asked "Which reservation is it?" (the request's ``ask``), which the oracle asks right before its
-    reservation read and so still solves every task; an agent that reads without asking has no id to read.
-    At the default 1 the tasks are the ones every seed gave before."""
-    from trace_envs.domains.airline.tasks import ASK_RESERVATION
+def test_ask_details_prob_withholds_what_identifies_a_request_until_the_agent_asks():
+    """``ask_details_prob: 1``: every request leaves out what identifies it ("my reservation", "my flight", "a
+    trip I'm planning") and carries the one question :data:`ASK_DETAILS`; the oracle asks it right after
+    authentication and the user's answer, naming the record, comes right before the read that uses it, so the
+    oracle still solves every task. At the default 0 the tasks are the ones every seed gave before."""
+    from trace_envs.domains.airline.tasks import ASK_DETAILS
 
     size = {"bundle_prob": 0.0}
-    scenarios = ["cancel", "info", "baggage", "passenger_update"]
-    named = gym.make(ENV_ID, scenarios=scenarios, size=size)
-    one = gym.make(ENV_ID, scenarios=scenarios, size={**size, "named_id_prob": 1.0})
-    withheld = gym.make(ENV_ID, scenarios=scenarios, size={**size, "named_id_prob": 0.0})
+    scenarios = ["cancel", "info", "flight_status", "baggage", "passenger_update"]
+    default = gym.make(ENV_ID, scenarios=scenarios, size=size)
+    zero = gym.make(ENV_ID, scenarios=scenarios, size={**size, "ask_details_prob": 0.0})
+    asking = gym.make(ENV_ID, scenarios=scenarios, size={**size, "ask_details_prob": 1.0})
     try:
-        asked = 0
+        families = collections.Counter()
         for seed in range(40):
-            withheld.reset(seed=seed)
-            task = withheld.unwrapped.task
+            asking.reset(seed=seed)
+            task = asking.unwrapped.task
             request = task.requests[0]
-            reads = [c for c in request.reads if c.name == "get_reservation_details"]
-            if request.ask:
-                asked += 1
-                assert request.ask == ASK_RESERVATION and "my reservation" in task.user.opening
-                assert not any(c.arguments["reservation_id"] in task.user.opening for c in reads)
-                assert reads[0].arguments["reservation_id"] in request.details
-            traj = rollout(withheld, OracleAgent(), seed=seed)
+            assert request.ask == ASK_DETAILS
+            read = request.reads[0]
+            named = [str(v) for k, v in read.arguments.items() if k in ("reservation_id", "flight_number", "origin")]
+            if not task.user.opening.endswith("(I don't have the reservation id at hand)."):
+                assert not any(v in task.user.opening for v in named), task.user.opening  # withheld ...
+            assert all(v in request.details for v in named) or "It's my" in request.details  # ... given when asked
+            traj = rollout(asking, OracleAgent(), seed=seed)
             assert traj["reward"] == 1.0, (seed, traj["reward_breakdown"])
-            if request.ask:
-                messages = [m for m in traj["messages"] if m["role"] in ("assistant", "user")]
-                i = next(i for i, m in enumerate(messages) if m["content"] == ASK_RESERVATION)
-                assert reads[0].arguments["reservation_id"] in messages[i + 1]["content"]  # the user's answer
-                assert "get_reservation_details" in str(messages[i + 2].get("tool_calls") or messages[i + 2])
-        assert asked >= 20  # the ask is the rule for these families, not a corner case
+            turns = [m for m in traj["messages"] if m["role"] != "system"]
+            i = next(i for i, m in enumerate(turns) if m.get("content") == ASK_DETAILS)
+            assert turns[i - 1]["role"] == "tool" and turns[i - 1].get("name") == "get_user_details"
+            assert turns[i + 1]["role"] == "user" and turns[i + 1]["content"] == request.details
+            assert turns[i + 2]["tool_calls"][0]["function"]["name"] == read.name  # the read right after the answer
+            families[request.kind] += 1
+        assert set(families) == set(scenarios)
         for seed in (0, 5, 77):
-            named.reset(seed=seed)
-            one.reset(seed=seed)
-            assert named.unwrapped.task_fingerprint() == one.unwrapped.task_fingerprint()
-            assert not named.unwrapped.task.requests[0].ask
+            default.reset(seed=seed)
+            zero.reset(seed=seed)
+            assert default.unwrapped.task_fingerprint() == zero.unwrapped.task_fingerprint()
+            assert not default.unwrapped.task.requests[0].ask
     finally:
-        for env in (named, one, withheld):
+        for env in (default, zero, asking):
             env.close()
 
 

@@ -159,6 +159,9 @@ class TauTask:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        for request in d["requests"]:
+            if not request["ask"]:
+                del request["ask"]  # a task without an ask serializes (and hashes) as before the field existed
         d["reward_basis"] = list(self.reward_basis)
         d["needs"] = sorted(self.needs)
         return d

@@ -44,7 +44,7 @@ class TauAirlineEnv(TauEnv):
 
     Arguments:
         ``size`` ("small" default, "medium", "tau2" = τ²-bench's entity counts, or a dict; the dict may
-        also set ``bundle_prob``, ``refusal_prob``, ``uniform_status_prob`` and ``named_id_prob``: see the
+        also set ``bundle_prob``, ``refusal_prob``, ``uniform_status_prob`` and ``ask_details_prob``: see the
         tasks module),
         ``db_seed`` (fixed database, tasks vary with the seed), ``scenarios`` / ``exclude_scenarios``
         (families: cancel, flight_change, cabin_change, baggage, booking, passenger_update, compensation,

@@ -33,11 +33,12 @@ request about a flight of today or of a past day gets a status drawn uniformly f
 planted in the task's layer: today ``landed``, ``flying``, ``cancelled``, ``delayed`` or ``on time``, a past
 day ``landed`` or ``cancelled``; default 0: the database's own status, where ``landed`` is the large
 majority). A capability env can use it so that a constant answer earns little of those requests: only
-reading the tool's result earns them all), ``named_id_prob`` (chance that a request about one reservation
-names it by id; default 1. Otherwise the user says "my reservation" and gives the id only when the agent
-asks "Which reservation is it?" (:data:`ASK_RESERVATION`, the request's ``ask``), as τ²-bench's users reveal
-facts when asked. Applies to cancel, flight change, cabin change, baggage, passenger update and the info
-questions about a reservation; compensation names the flight.)
+reading the tool's result earns them all), ``ask_details_prob`` (chance that a request leaves out what
+identifies it — "my reservation", "my flight", "a trip I'm planning" — and the user gives it only when asked,
+as τ²-bench's users reveal facts when asked; the request's ``ask`` is then :data:`ASK_DETAILS`, which the
+oracle asks right after authentication, and the user's answer, the request's details, sits right before the
+read that uses it. One question for every family, so that asking is not itself a decision. Default 0: no
+draw, the tasks every seed gave before.)
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ from .db import (
 
 SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "passenger_update", "compensation",
              "flight_status", "info")
-DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0, "named_id_prob": 1.0}
-#: What the agent asks when a request does not name its reservation (the user answers with the id).
-ASK_RESERVATION = "Which reservation is it?"
+DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0, "ask_details_prob": 0.0}
+#: What the agent asks when a request leaves out what identifies it (the user answers with its details).
+ASK_DETAILS = "Which reservation, flight or trip is it about?"
 #: The statuses a flight of today, and of a past day, can have (``uniform_status_prob`` draws among them).
 TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed", "on time")
 PAST_STATUSES = ("landed", "cancelled")
@@ -129,7 +130,7 @@ class _Gen:
         self.used: set[tuple[str, str]] = set()  # flight-days planted records use (kept apart)
         self.user_id = ""
         self.distractor_prob = 0.45  # chance a request names its reservation by description (see distractor)
-        self.ask = ""  # the question the request being built needs before its reads (see name_reservation)
+        self.withhold = False  # whether the request being built leaves out what identifies it (see build)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -247,20 +248,17 @@ class _Gen:
                 f"{CITY.get(r['destination'], r['destination'])} ({r['destination']}) leaving on {r['flights'][0]['date']}")
 
     def name_reservation(self, rid: str) -> str:
-        """How a request names reservation ``rid``: ``reservation <id>``, or, with chance 1 − ``named_id_prob``,
-        ``my reservation`` (the id withheld until the agent asks; sets :attr:`ask`). No draw at the default 1,
-        so the default tasks stay the ones every seed gave before."""
-        p = self.mix["named_id_prob"]
-        if p >= 1 or self.d.chance(p):
-            return f"reservation {rid}"
-        self.ask = ASK_RESERVATION
-        return "my reservation"
+        """How a request names reservation ``rid``: ``reservation <id>``, or ``my reservation`` when the request
+        being built withholds its details (see :meth:`build`)."""
+        return "my reservation" if self.withhold else f"reservation {rid}"
 
     def build(self, family: str) -> Request:
-        """One request of ``family``, with the question it needs before its reads (``ask``), if any."""
-        self.ask = ""
+        """One request of ``family``; with chance ``ask_details_prob`` it leaves out what identifies it and
+        carries ``ask`` (no draw at the default 0, so the default tasks stay the ones every seed gave before)."""
+        p = self.mix["ask_details_prob"]
+        self.withhold = p > 0 and self.d.chance(p)
         request = FAMILIES[family](self)
-        request.ask = self.ask
+        request.ask = ASK_DETAILS if self.withhold else ""
         return request
 
     def target(self, r: dict, distractor: dict | None) -> tuple[str, list[Call], str]:
@@ -735,7 +733,8 @@ def _flight_status(g: _Gen) -> Request:
         g.set_status(number, day, {"status": d.pick(TODAY_STATUSES if day == TODAY else PAST_STATUSES)})
     status = g.status(number, day)["status"]
     phrase = f"flight {number} on {day} {STATUS_WORDS.get(status, status)}"
-    return Request("flight_status", f"What is the status of flight {number} on {day}?", "answer",
+    text = "What is the status of my flight?" if g.withhold else f"What is the status of flight {number} on {day}?"
+    return Request("flight_status", text, "answer",
                    reads=[Call("get_flight_status", {"flight_number": number, "date": day})],
                    communicate=[status], details=f"Flight {number}, on {day}.",
                    message=f"I checked: {phrase}.")
@@ -763,8 +762,9 @@ def _info(g: _Gen) -> Request:
         if len(prices) < 2 or prices[0] == prices[-1]:
             raise Retry
         c = cabin.replace("_", " ")
-        return Request("info", f"What is the cheapest {c} fare from {route[0]} to {route[1]} on {day}? "
-                               f"Just the price, please; I'm not booking yet.", "answer",
+        asked = ("What is the cheapest fare for a trip I'm planning?" if g.withhold else
+                 f"What is the cheapest {c} fare from {route[0]} to {route[1]} on {day}?")
+        return Request("info", f"{asked} Just the price, please; I'm not booking yet.", "answer",
                        reads=[Call("search_direct_flight", {"origin": route[0], "destination": route[1], "date": day})],
                        communicate=[money(prices[0])], details=f"{route[0]} to {route[1]}, {day}, {c}.",
                        message=f"The cheapest {c} fare from {route[0]} to {route[1]} on {day} is {money(prices[0])}"
