@@ -160,3 +160,26 @@ def test_the_training_section_shows_each_runs_chosen_checkpoint(run_dir):
     assert "played seeds 100-149 of the run's own envs" in text
     assert "| `cap_a` | 10 | 75 | 0.21 | 0.44 | 0.30 | – |" in text
     assert "| `cap_b` | 70 | 70 | – | – | – | a zero update: every checkpoint is the base |" in text
+
+
+@pytest.mark.parametrize("delta, verdict", [((+0.10, +0.05, +0.15), "above the base, outside the interval"),
+                                             ((-0.295, -0.36, -0.23), "below the base, outside the interval"),
+                                             ((+0.02, -0.03, +0.07), "within the interval (not significant)")])
+def test_the_headline_says_which_side_of_the_base_the_moe_is_on(tmp_path, delta, verdict):
+    """A MoE significantly below the base is said to be below it, not "within the interval"."""
+    from trace_train.report.document import Document
+    from trace_train.report.run_report import _headline
+
+    def method(value, d=None):
+        m = {"available": True, "overall": {"pass@1": {"value": value, "ci": [value - 0.05, value + 0.05]}}}
+        if d:
+            m["delta_vs_base"] = {"pass@1": {"value": d[0], "ci": [d[1], d[2]]}}
+        return m
+
+    results = {"n_seeds": 200, "samples": 1, "methods": {"base": method(0.4), "trace_moe": method(0.4 + delta[0], delta)}}
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "results.json").write_text(json.dumps(results))
+    doc = Document("t")
+    _headline(doc, tmp_path, {})
+    text = " ".join(b[1] for b in doc.blocks if b[0] == "p")
+    assert f"— {verdict}." in text
