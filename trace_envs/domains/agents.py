@@ -87,7 +87,7 @@ def plan_turns(task: TauTask, lacks: Iterable[str] = ()) -> list[Any]:
             turns.append(f"Thank you for reaching out. {ANYTHING_ELSE}")
             continue
         if r.ask:
-            turns.append(r.ask)  # the request did not name its record: the user's answer gives it
+            turns.append(r.ask)  # the request left out what identifies it: the user's answer gives it
         for c in r.reads:
             call(c)
         wrong = "structured_data_reasoning" in lacks

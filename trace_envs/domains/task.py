@@ -63,8 +63,8 @@ class Request:
         wrong_write / wrong_message: what an agent that picks the wrong record or misreads a
             number does instead (for requests that need structured data reasoning).
         details: the facts the user gives when asked which record or what exactly they mean.
-        ask: a question the agent must ask before its reads, because the request does not name the record
-            (the user's answer is ``details``); empty when the request names it.
+        ask: a question the agent asks before its reads (the airline's ``ask_details_prob``: the request leaves
+            out what identifies it, and the user's answer is ``details``); empty for the usual requests.
     """
 
     kind: str
