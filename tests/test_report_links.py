@@ -176,7 +176,8 @@ def test_the_headline_says_which_side_of_the_base_the_moe_is_on(tmp_path, delta,
             m["delta_vs_base"] = {"pass@1": {"value": d[0], "ci": [d[1], d[2]]}}
         return m
 
-    results = {"n_seeds": 200, "samples": 1, "methods": {"base": method(0.4), "trace_moe": method(0.4 + delta[0], delta)}}
+    methods = {"base": method(0.4), "trace_moe": method(0.4 + delta[0], delta)}
+    results = {"n_seeds": 200, "samples": 1, "methods": methods}
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "results.json").write_text(json.dumps(results))
     doc = Document("t")

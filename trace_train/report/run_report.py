@@ -139,9 +139,10 @@ def _headline(doc: Document, run: Path, stages: dict) -> None:
     best = max(singles.items(), key=lambda kv: kv[1]["overall"]["pass@1"]["value"], default=None)
     verdict = ""
     if d and d.get("ci") and d["ci"][0] is not None and not math.isnan(d["ci"][0]):
-        lo, hi = d["ci"][0], d["ci"][1]
-        verdict = (" — above the base, outside the interval" if lo > 0 else
-                   " — below the base, outside the interval" if hi is not None and hi < 0 else
+        from .links import _above, _not_below  # the links' rule for an interval against zero
+
+        verdict = (" — above the base, outside the interval" if _above(d) else
+                   " — below the base, outside the interval" if _not_below(d) is False else
                    " — within the interval (not significant)")
     text = (f"On {res['n_seeds']} held-out target seeds × {res['samples']} trials: TRACE MoE pass@1 "
             f"**{_ci(moe['overall'].get('pass@1'))}** vs. base **{_ci(base['overall'].get('pass@1'))}**; "
