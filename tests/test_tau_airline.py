@@ -179,6 +179,46 @@ def test_ask_details_prob_withholds_what_identifies_a_request_until_the_agent_as
             env.close()
 
 
+def test_cancel_grounds_makes_the_cancellation_decision_rest_on_the_cabin():
+    """``cancel_grounds: ["business"]``: every allowed cancellation is a business-class reservation and no refusal
+    is, so the decision rests on one field of the reservation read; the oracle still wins every task (asking for
+    the details too). The default draws the four grounds as before (same fingerprints), and a ground that is not
+    the policy's is a clear error."""
+    from trace_envs.domains.airline.tasks import CANCEL_GROUNDS
+
+    assert CANCEL_GROUNDS == ("recent", "airline", "business", "insured")
+    size = {"bundle_prob": 0.0, "refusal_prob": 0.5}
+    cabin = gym.make(ENV_ID, scenarios=["cancel"], size={**size, "cancel_grounds": ["business"],
+                                                         "ask_details_prob": 1.0})
+    default = gym.make(ENV_ID, scenarios=["cancel"], size=size)
+    every = gym.make(ENV_ID, scenarios=["cancel"], size={**size, "cancel_grounds": list(CANCEL_GROUNDS)})
+    try:
+        decisions = collections.Counter()
+        for seed in range(30):
+            cabin.reset(seed=seed)
+            request = cabin.unwrapped.task.requests[0]
+            rid = (request.write or request.forbidden_write).arguments["reservation_id"]
+            record = cabin.unwrapped.db.get("reservations", rid)
+            assert (record["cabin"] == "business") == (request.decision == "act"), (seed, record["cabin"])
+            decisions[request.decision] += 1
+            traj = rollout(cabin, OracleAgent(), seed=seed)
+            assert traj["reward"] == 1.0, (seed, traj["reward_breakdown"])
+        assert decisions["act"] >= 8 and decisions["refuse"] >= 8, decisions
+        for seed in (0, 3, 11):
+            default.reset(seed=seed)
+            every.reset(seed=seed)
+            assert default.unwrapped.task_fingerprint() == every.unwrapped.task_fingerprint()
+    finally:
+        for env in (cabin, default, every):
+            env.close()
+    bad = gym.make(ENV_ID, scenarios=["cancel"], size={"cancel_grounds": ["weather"]})
+    try:
+        with pytest.raises(ValueError, match="cancel_grounds"):
+            bad.reset(seed=0)
+    finally:
+        bad.close()
+
+
 def test_tau2_size_and_fixed_db_seed():
     e = gym.make(ENV_ID, size="tau2", db_seed=3)
     try:

@@ -38,7 +38,10 @@ identifies it — "my reservation", "my flight", "a trip I'm planning" — and t
 as τ²-bench's users reveal facts when asked; the request's ``ask`` is then :data:`ASK_DETAILS`, which the
 oracle asks right after authentication, and the user's answer, the request's details, sits right before the
 read that uses it. One question for every family, so that asking is not itself a decision. Default 0: no
-draw, the tasks every seed gave before.)
+draw, the tasks every seed gave before.) Apart from the mix, ``cancel_grounds`` (a list, default all of
+:data:`CANCEL_GROUNDS`) names the grounds an allowed cancellation is drawn with: ``["business"]`` makes the
+decision rest on one field of the reservation read (its cabin; refusals are never in business), where the four
+grounds need a date difference, the flights' statuses and the reason set against the insurance.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "p
              "flight_status", "info")
 DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0, "ask_details_prob": 0.0}
 #: What the agent asks when a request leaves out what identifies it (the user answers with its details).
+#: The policy's grounds for a free cancellation, as ``_cancel`` draws them (see ``cancel_grounds`` above).
+CANCEL_GROUNDS = ("recent", "airline", "business", "insured")
 ASK_DETAILS = "Which reservation, flight or trip is it about?"
 #: The statuses a flight of today, and of a past day, can have (``uniform_status_prob`` draws among them).
 TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed", "on time")
@@ -119,6 +124,17 @@ def _index(db: Layer) -> dict:
     return idx
 
 
+def _cancel_grounds(value: Any) -> tuple[str, ...]:
+    """``size["cancel_grounds"]`` checked: a non-empty list of :data:`CANCEL_GROUNDS` (None: all of them)."""
+    if value is None:
+        return CANCEL_GROUNDS
+    grounds = (value,) if isinstance(value, str) else tuple(value)
+    unknown = [g for g in grounds if g not in CANCEL_GROUNDS]
+    if not grounds or unknown:
+        raise ValueError(f"size['cancel_grounds'] must be a non-empty list of {list(CANCEL_GROUNDS)}, got {value!r}")
+    return grounds
+
+
 class _Gen:
     """State shared by the requests of one task: the draw stream, the layer, the user, planted records."""
 
@@ -131,6 +147,7 @@ class _Gen:
         self.user_id = ""
         self.distractor_prob = 0.45  # chance a request names its reservation by description (see distractor)
         self.withhold = False  # whether the request being built leaves out what identifies it (see build)
+        self.cancel_grounds = _cancel_grounds(size.get("cancel_grounds"))
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -291,7 +308,7 @@ def _statuses(r: dict) -> list[Call]:
 def _cancel(g: _Gen) -> Request:
     d = g.d
     refuse = g.refusal()
-    reason = d.pick(("recent", "airline", "business", "insured"))
+    reason = d.pick(g.cancel_grounds)
     if refuse:
         insurance = d.pick(("yes", "no"))
         r = g.plant(cabin=d.pick(("basic_economy", "economy")), insurance=insurance)
