@@ -2,13 +2,15 @@
 
     python scripts/ship_base.py                       # warm up the embedded default's recipe, measure, ship
     python scripts/ship_base.py --model DIR           # ship a base already warmed up with that recipe
+    python scripts/ship_base.py --config CONFIG --name NAME [--model DIR]   # another run config's base
 
-1. Warms up (or takes ``--model``) the base that the embedded default's ``base.bootstrap`` recipe gives.
+1. Warms up (or takes ``--model``) the base that the run config's ``base.bootstrap`` recipe gives (default: the
+   embedded default's).
 2. Copies the model folder (weights, tokenizer, ``trace_model.json``, ``loss.json``, ``loss_curve.png``) to
    ``trace_train/tiny/bases/<name>/`` with ``recipe.json``: the recipe, the cache name it gives, the build
    version, the CPU it was built on, and the warm-up's steps, seconds and final loss.
 3. Measures what it solves exactly as ``trace run`` would see it: ``trace run --until rollout`` of the
-   embedded default in a scratch run directory (which installs the shipped copy into an empty model cache),
+   same config in a scratch run directory (which installs the shipped copy into an empty model cache),
    and records the diagnosis episodes solved, per request family, in ``recipe.json``.
 """
 
@@ -46,17 +48,26 @@ def cpu_model() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="a base warmed up with the embedded default's recipe (default: warm one up)")
-    ap.add_argument("--name", default="embedded-default", help="folder name under trace_train/tiny/bases/")
+    ap.add_argument("--model", help="a base warmed up with the config's recipe (default: warm one up)")
+    ap.add_argument("--config", help="the run config whose base.bootstrap recipe to ship (default: the embedded "
+                                     "default's); its rollout stage measures what the base solves")
+    ap.add_argument("--name", help="folder name under trace_train/tiny/bases/ (default: embedded-default; "
+                                   "required with --config)")
     args = ap.parse_args()
+    if args.config and not args.name:
+        ap.error("--config needs --name: the embedded default's base keeps its folder")
+    args.name = args.name or "embedded-default"
 
     from trace_train.tiny.bootstrap import bootstrap_model
     from trace_train.tiny.build import BUILD_VERSION
     from trace_train.tiny.metadata import model_metadata
-    from trace_train.pipeline.config import embedded_default
+    from trace_train.pipeline.config import embedded_default, load_config
     from trace_train.pipeline.stages.base import tiny_base_cache_dir, tiny_bootstrap_config
 
-    cfg = embedded_default()
+    cfg = load_config(args.config) if args.config else embedded_default()
+    if cfg.base.kind != "tiny":
+        raise SystemExit(f"{args.config}: base.kind is {cfg.base.kind!r}, not a tiny model warmed up by "
+                         "base.bootstrap: nothing to ship")
     bcfg = tiny_bootstrap_config(cfg.base, cfg.rollout.targets[0])
     cache_name = tiny_base_cache_dir(bcfg).name
     model = Path(args.model) if args.model else None
@@ -86,7 +97,8 @@ def main() -> int:
     # What it solves, as `trace run` sees it: the shipped copy installed into an empty cache.
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "TRACE_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-m", "trace_train.cli", "run", "--out", str(Path(tmp) / "run"),
+        config = [str(Path(args.config).resolve())] if args.config else []
+        subprocess.run([sys.executable, "-m", "trace_train.cli", "run", *config, "--out", str(Path(tmp) / "run"),
                         "--until", "rollout"], check=True, env=env, cwd=ROOT)
         records = [json.loads(line) for line in
                    (Path(tmp) / "run" / "rollouts" / "trajectories.jsonl").read_text().splitlines() if line.strip()]
