@@ -165,3 +165,22 @@ def test_an_episode_ended_by_unreadable_tool_calls_lacks_tool_calling_precision(
     # Ending well, or on the step cap, is not that evidence: the oracle stays PRESENT.
     oracle = _episodes(AIRLINE, TauScriptedAgent(), range(4))
     assert all(labels["tool_calling_precision"].label == "PRESENT" for _, labels in oracle)
+
+
+def test_the_details_given_when_asked_name_the_records_of_the_request():
+    """On tasks that ask for their details (``size.ask_details_prob: 1``) the user names the flight or reservation
+    only in the answer to "Which reservation, flight or trip is it about?": that answer extends the request (it is
+    not a second request) and the checks read the record it names. Before, a flight-status answer that contradicted
+    the tool went unlabelled and every asking episode counted two requests."""
+    size = {"ask_details_prob": 1.0, "bundle_prob": 0.0}
+    scenarios = ["flight_status", "info", "cancel"]
+    for r, labels in _episodes(AIRLINE, TauScriptedAgent([]), range(30), size=size, scenarios=scenarios):
+        assert r["success"], r["seed"]
+        assert not [c for c, v in labels.items() if v.label == "LACKING"], (r["seed"], labels)
+        assert labels["multi_step_completion"].label == "NA", (r["seed"], labels["multi_step_completion"])
+    misread = _episodes(AIRLINE, MisreadingAgent(), range(40), size=size, scenarios=["flight_status"])
+    failed = [(r, labels) for r, labels in misread if not r["success"]]
+    assert len(failed) >= 10, len(failed)
+    for r, labels in failed:
+        assert labels["structured_data_reasoning"].label == "LACKING", (r["seed"], labels["structured_data_reasoning"])
+        assert "get_flight_status returned" in labels["structured_data_reasoning"].reason

@@ -164,11 +164,35 @@ def _clause_after(text: str, word: str) -> str:
     return re.split(r"[,.;:!?]|\s(?:from|in|on|of) my\b|\s(?:from|in) (?:the )?order\b", rest, maxsplit=1)[0]
 
 
-def _classify_user(text: str) -> str:
+#: An agent question that asks which record a request is about ("Which reservation, flight or trip is it about?").
+_WHICH = re.compile(r"(?:^|[.!?]\s+)which\b[^.!?]*\?", re.I)
+#: How a user's answer to it names the record (the airline target's ``size.ask_details_prob`` answers).
+_DETAIL_FLIGHT = re.compile(r"^\s*flight ([A-Z]{3}\d{3}),? on (\d{4}-\d{2}-\d{2})", re.I)
+_DETAIL_RESERVATION = re.compile(r"^\s*the reservation id is ([A-Z0-9]{6})\b", re.I)
+
+
+def _with_details(request: str, details: str) -> str:
+    """The request as if it had named its record: a user who said "my flight" / "my reservation" and gave the
+    record only when asked ("Flight HAT012, on 2024-05-15.", "The reservation id is D3NTTH.") asked about that
+    flight or reservation. The answer is appended too, so its codes and dates count as the user's cues."""
+    m = _DETAIL_FLIGHT.match(details)
+    if m:
+        request = re.sub(r"\bmy flight\b", f"flight {m.group(1)} on {m.group(2)}", request, count=1, flags=re.I)
+    m = _DETAIL_RESERVATION.match(details)
+    if m:
+        request = re.sub(r"\bmy reservation\b", f"reservation {m.group(1)}", request, count=1, flags=re.I)
+    return f"{request} {details}"
+
+
+def _classify_user(text: str, asked_which: bool = False) -> str:
+    """``stop``, ``confirm``, ``identity``, ``details`` (the answer to the agent's "which ...?" question: it
+    names the record of the request being handled, it is not a new request) or ``request``."""
     if "###" in text:
         return "stop"
     if _CONFIRMATION.match(text):
         return "confirm"
+    if asked_which and "?" not in text:
+        return "details"
     sentences = [x for x in re.split(r"(?<=[.!])\s+", text.strip()) if x]
     if sentences and "?" not in text and all(_IDENTITY.match(x) for x in sentences):
         return "identity"
@@ -293,7 +317,9 @@ class _TauLabeler:
         answered = False
         for i, ev in enumerate(self.events):
             if ev.kind == "user":
-                kind = _classify_user(ev.text)
+                kind = _classify_user(ev.text, asked_which=bool(request and _WHICH.search(last_agent)))
+                if kind == "details":
+                    request = _with_details(request, ev.text)
                 if kind == "request":
                     request = ev.text
                     requests.append(i)
