@@ -193,9 +193,9 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
                 if drawn(there) > drawn(best_supported):
                     best, best_supported = easier, there
             if best != difficulty:
-                reason = (f"the hardest level at which the family draws the most of the evidence's failures "
-                          f"({', '.join(f for f, _ in found if f in best_supported)}: {drawn(best_supported)} of "
-                          f"{sum(n for _, n in found)}); its default is {default}")
+                reason = (f"the hardest level at which the family draws the most of the evidence's failures: "
+                          f"{drawn(best_supported)} of {sum(n for _, n in found)}, in "
+                          f"{', '.join(f for f, _ in found if f in best_supported)}; its default is {default}")
                 difficulty, supported = best, best_supported
                 values.update({"difficulty": difficulty, "difficulty_reason": reason})
                 notes["difficulty"] = difficulty

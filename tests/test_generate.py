@@ -325,3 +325,25 @@ def test_offline_generator_admits_swe_localization_from_swe_repo_rollouts(tmp_pa
             f"check_trace_env({result.env_id!r}, n_seeds=4).raise_if_failed()\nprint('conformance ok')\n")
     proc = _fresh_process(code, ws)
     assert proc.returncode == 0 and "conformance ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_level_and_focus_follow_where_most_of_the_evidence_lies():
+    """A capability whose failures are mostly flight-status answers (26 of 34), with a few stray cancellations,
+    gets the level that asks for a status (2, not the default 3 where only the 2 cancellations are drawn) and a
+    focus on flight_status alone: a family under a tenth of the failures is not a focus. Measured on the planted
+    run of docs/headline.md, where the rule before focused the env on those 2 cancellations."""
+    from generators.offline import FOCUS_MIN_SHARE, render
+
+    spec = {"name": "structured_data_reasoning", "target_env": "trace/tau_airline-v0",
+            "definition": "Reads the retrieved records correctly.",
+            "statistics": {"delta": 0.94, "coverage": 0.48},
+            "failure_families": {"flight_status": 26, "info": 6, "cancel": 2}}
+    assert 2 < FOCUS_MIN_SHARE * 34 <= 6
+    rendered = render(spec, env_id="gen/x-v0", run_id="t", focus_share=1.0)
+    assert rendered.notes["difficulty"] == 2
+    assert rendered.notes["focus_families"] == ["flight_status"]
+    assert "28 of 34, in flight_status, cancel" in rendered.source  # what the chosen level draws
+    # When an easier level draws no more of the failures, the default level stays (a tie keeps the harder one).
+    rendered = render({**spec, "failure_families": {"cancel": 20, "info": 3}}, env_id="gen/x-v0",
+                      run_id="t", focus_share=1.0)
+    assert rendered.notes["difficulty"] == 3 and rendered.notes["focus_families"] == ["cancel"]
