@@ -73,9 +73,9 @@ from .db import (
 SCENARIOS = ("cancel", "flight_change", "cabin_change", "baggage", "booking", "passenger_update", "compensation",
              "flight_status", "info")
 DEFAULT_MIX = {"bundle_prob": 0.3, "refusal_prob": 0.3, "uniform_status_prob": 0.0, "ask_details_prob": 0.0}
-#: What the agent asks when a request leaves out what identifies it (the user answers with its details).
 #: The policy's grounds for a free cancellation, as ``_cancel`` draws them (see ``cancel_grounds`` above).
 CANCEL_GROUNDS = ("recent", "airline", "business", "insured")
+#: What the agent asks when a request leaves out what identifies it (the user answers with its details).
 ASK_DETAILS = "Which reservation, flight or trip is it about?"
 #: The statuses a flight of today, and of a past day, can have (``uniform_status_prob`` draws among them).
 TODAY_STATUSES = ("landed", "flying", "cancelled", "delayed", "on time")
@@ -128,7 +128,10 @@ def _cancel_grounds(value: Any) -> tuple[str, ...]:
     """``size["cancel_grounds"]`` checked: a non-empty list of :data:`CANCEL_GROUNDS` (None: all of them)."""
     if value is None:
         return CANCEL_GROUNDS
-    grounds = (value,) if isinstance(value, str) else tuple(value)
+    try:
+        grounds = (value,) if isinstance(value, str) else tuple(value)
+    except TypeError:
+        grounds = ()
     unknown = [g for g in grounds if g not in CANCEL_GROUNDS]
     if not grounds or unknown:
         raise ValueError(f"size['cancel_grounds'] must be a non-empty list of {list(CANCEL_GROUNDS)}, got {value!r}")
