@@ -107,6 +107,14 @@ def _statuses(env, seeds, when) -> collections.Counter:
     return seen
 
 
+def _assert_same_tasks(a, b, seeds) -> None:
+    """Envs ``a`` and ``b`` draw the same task on every seed of ``seeds`` (a knob at its default draws nothing)."""
+    for seed in seeds:
+        a.reset(seed=seed)
+        b.reset(seed=seed)
+        assert a.unwrapped.task_fingerprint() == b.unwrapped.task_fingerprint(), seed
+
+
 def test_uniform_status_prob_spreads_todays_statuses_and_leaves_the_default_draws_alone():
     """``uniform_status_prob: 1`` plants the status of a flight of today or of a past day, drawn uniformly from
     those the day allows, so no constant answer earns most flight-status requests (in the database ``landed``
@@ -127,10 +135,7 @@ def test_uniform_status_prob_spreads_todays_statuses_and_leaves_the_default_draw
         planted_past, db_past = _statuses(uniform, seeds, past), _statuses(natural, seeds, past)
         assert set(planted_past) == {"landed", "cancelled"}  # a past day allows only these two
         assert db_past.most_common(1)[0][0] == "landed"
-        for seed in (0, 5, 77):
-            natural.reset(seed=seed)
-            zero.reset(seed=seed)
-            assert natural.unwrapped.task_fingerprint() == zero.unwrapped.task_fingerprint()
+        _assert_same_tasks(natural, zero, (0, 5, 77))
     finally:
         for env in (natural, uniform, zero):
             env.close()
@@ -169,10 +174,9 @@ def test_ask_details_prob_withholds_what_identifies_a_request_until_the_agent_as
             assert turns[i + 2]["tool_calls"][0]["function"]["name"] == read.name  # the read right after the answer
             families[request.kind] += 1
         assert set(families) == set(scenarios)
+        _assert_same_tasks(default, zero, (0, 5, 77))
         for seed in (0, 5, 77):
             default.reset(seed=seed)
-            zero.reset(seed=seed)
-            assert default.unwrapped.task_fingerprint() == zero.unwrapped.task_fingerprint()
             assert not default.unwrapped.task.requests[0].ask
     finally:
         for env in (default, zero, asking):
@@ -204,10 +208,7 @@ def test_cancel_grounds_makes_the_cancellation_decision_rest_on_the_cabin():
             traj = rollout(cabin, OracleAgent(), seed=seed)
             assert traj["reward"] == 1.0, (seed, traj["reward_breakdown"])
         assert decisions["act"] >= 8 and decisions["refuse"] >= 8, decisions
-        for seed in (0, 3, 11):
-            default.reset(seed=seed)
-            every.reset(seed=seed)
-            assert default.unwrapped.task_fingerprint() == every.unwrapped.task_fingerprint()
+        _assert_same_tasks(default, every, (0, 3, 11))
     finally:
         for env in (cabin, default, every):
             env.close()
