@@ -179,6 +179,7 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
             raise NoTemplate(f"the {capability} template needs a τ² target (trace/tau_airline-v0 or "
                              f"trace/tau_retail-v0), got {target_env!r}. Fix: use --llm for other targets")
         found = evidence_families(spec)
+        total = sum(n for _, n in found)
         supported = _supported_families(cls, domain, difficulty)
         if share > 0 and found:
             # The family may draw most of the evidence's requests only at easier levels (look-ups come first,
@@ -194,12 +195,11 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
                     best, best_supported = easier, there
             if best != difficulty:
                 reason = (f"the hardest level at which the family draws the most of the evidence's failures: "
-                          f"{drawn(best_supported)} of {sum(n for _, n in found)}, in "
+                          f"{drawn(best_supported)} of {total}, in "
                           f"{', '.join(f for f, _ in found if f in best_supported)}; its default is {default}")
                 difficulty, supported = best, best_supported
                 values.update({"difficulty": difficulty, "difficulty_reason": reason})
                 notes["difficulty"] = difficulty
-        total = sum(n for _, n in found)
         focus = [f for f, n in found if f in supported and n >= FOCUS_MIN_SHARE * total] if share > 0 else []
         if share > 0 and not focus:  # evidence spread thin: its most frequent family the level draws
             focus = [f for f, _ in found if f in supported][:1]
