@@ -212,3 +212,48 @@ def test_breakdown_and_task_labels(env):
     b = record["reward_breakdown"]
     assert b["capability"] == "tool_calling_precision" and b["db"] == 0.0 and b["rejected_writes"] >= 1
     assert record["task"]["needs"] == ["tool_calling_precision"]
+
+
+class GarbledId:
+    """The oracle, except that the reservation id in its write has one character changed (what the planted base
+    of docs/headline.md does after reading the reservation right)."""
+
+    name = "garbled_id"
+
+    def __init__(self):
+        self.oracle = make_agent("oracle")
+
+    def reset(self, env, observation, info):
+        self.oracle.reset(env, observation, info)
+        self.gold = env.task.requests[0].write
+
+    def __call__(self, observation, info):
+        action = self.oracle(observation, info)
+        rid = self.gold.arguments.get("reservation_id")
+        if isinstance(action, str) and rid and self.gold.name in action:
+            action = action.replace(rid, rid[:-1] + ("A" if rid[-1] != "A" else "B"))
+        return action
+
+
+def test_target_flow_asks_reads_then_writes_and_the_copy_of_the_id_is_what_pays():
+    """``flow="target"``: the request as the target's user says it (the id given when asked), the reads of the
+    target's gold path before the write; the oracle still scores 1 and a write with the id garbled scores 0."""
+    e = gym.make(ENV_ID, difficulty=1, flow="target", size={"ask_details_prob": 1.0})
+    stated = gym.make(ENV_ID, difficulty=1, size={"ask_details_prob": 1.0})
+    cancels = 0
+    for s in range(40):
+        observation, _ = e.reset(seed=s)
+        request, task = e.unwrapped.task.requests[0], e.unwrapped.task
+        assert request.ask and request.reads and task.scenario.endswith(":target"), (s, task.scenario)
+        record = rollout(e, make_agent("oracle"), seed=s)
+        assert record["reward"] == 1.0, (s, record["reward_breakdown"])
+        if request.kind == "cancel":
+            cancels += 1
+            rid = request.write.arguments["reservation_id"]
+            assert rid not in observation  # the id comes later, when asked
+            assert rollout(e, GarbledId(), seed=s)["reward"] == 0.0, s
+        stated.reset(seed=s)  # the default flow is unchanged: every value stated, nothing to read
+        assert stated.unwrapped.task.requests[0].reads == [] and ":target" not in stated.unwrapped.task.scenario
+    assert cancels >= 10
+    with pytest.raises(ValueError, match="flow"):
+        gym.make(ENV_ID, flow="asked")

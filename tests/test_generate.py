@@ -347,3 +347,29 @@ def test_the_level_and_focus_follow_where_most_of_the_evidence_lies():
     rendered = render({**spec, "failure_families": {"cancel": 20, "info": 3}}, env_id="gen/x-v0",
                       run_id="t", focus_share=1.0)
     assert rendered.notes["difficulty"] == 3 and rendered.notes["focus_families"] == ["cancel"]
+
+
+def test_tool_calling_precision_follows_the_evidence_into_the_targets_conversation(tmp_path):
+    """The evidence's precision failures happened inside the target's conversation (an id read right, then
+    garbled in the write), so the variants that follow the evidence render ``flow="target"``; the family as it
+    is (the last, conservative variant) keeps its stated requests. Measured on the planted run of
+    docs/headline.md: stated in full, the env's requests needed no read, and its adapter scored 0 on the target."""
+    from generators.offline import VARIANTS, render
+
+    spec = {"name": "tool_calling_precision", "target_env": "trace/tau_airline-v0",
+            "definition": "Sends exact tool calls.", "statistics": {"delta": 0.32, "coverage": 0.32},
+            "failure_families": {"cancel": 20, "info": 3}}
+    first = render(spec, env_id="gen/x-v0", run_id="t", focus_share=1.0)
+    assert first.notes["kwargs"] == {"flow": "target"}
+    module = _load_rendered(first.source, tmp_path, "tcp_target_flow")
+    assert module.REGISTRATION["kwargs"]["flow"] == "target"
+    env = getattr(module, module.REGISTRATION["class"])(**module.REGISTRATION["kwargs"],
+                                                        size={"ask_details_prob": 1.0})
+    try:
+        env.reset(seed=0)
+        request = env.task.requests[0]
+        assert request.kind == "cancel" and request.ask and request.reads  # asked, then read, then written
+    finally:
+        env.close()
+    last = render(spec, env_id="gen/x-v0", run_id="t", variant=len(VARIANTS) - 1)
+    assert "kwargs" not in last.notes and '"flow"' not in last.source

@@ -133,11 +133,17 @@ def _multi_swap(b: Any, user: dict, exchange: bool) -> Request:
 
 
 # ==================================================================== the env
-def _clean(request: Request, family: str, text: str) -> Request:
-    """The request as a pure precision task: stated in full, nothing to reason about, refuse or say."""
-    request.text = text
-    request.details = text
-    request.reads = []  # every value is stated: nothing to look up (and short episodes for small models)
+def _clean(request: Request, family: str, text: str | None) -> Request:
+    """The request as a pure precision task: nothing to reason about, refuse or say.
+
+    ``text``: the request stated in full (every value the write needs; nothing to look up, and short episodes
+    for small models), or None to keep the target's own conversation (the request as the target's user says
+    it, the details given when asked, the reads the write rests on).
+    """
+    if text is not None:
+        request.text = text
+        request.details = text
+        request.reads = []
     request.kind = family
     request.communicate = []
     request.wrong_write = None
@@ -164,6 +170,14 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
     lists in the user's order, empty optional strings, enum spelling. The database, tools, policy
     (system prompt) and scripted user are the target domain's (``trace/tau_airline-v0``,
     ``trace/tau_retail-v0``), so everything learnt transfers.
+
+    With ``flow="target"`` the request reaches the agent as it does on the target instead: in the
+    customer's words there (e.g. "I want to cancel my reservation", the id given when the agent asks,
+    with the target's ``size.ask_details_prob``), and the write comes after the reads the target's
+    gold path makes (the reservation's details). What is tested is then carrying a value exactly
+    across the conversation and the records read into the write: the failure a small model shows
+    on the target (an id read right, then garbled in the confirmation and the write). The request
+    still names its record by id, the policy allows it and the reward is the same.
 
     ## Difficulty
     ``difficulty`` (1-5, default 3) sets the tier of the write tool: the tier equal to the
@@ -231,7 +245,8 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
 
     ## Arguments
     ``domain`` (``"airline"`` — the registry default, since a TRL tool set must be fixed —,
-    ``"retail"``, or None: drawn per episode from the seed), ``difficulty`` (1-5),
+    ``"retail"``, or None: drawn per episode from the seed), ``difficulty`` (1-5), ``flow``
+    (``"stated"``, the default, or ``"target"``: see the description),
     ``size``, ``db_seed``, ``user``, ``prompt`` — as for :class:`~trace_envs.capabilities.base.CapabilityEnv`.
 
     ## Version History
@@ -241,6 +256,15 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
 
     capability = "tool_calling_precision"
     default_difficulty = 3
+    #: How a request reaches the agent: ``stated`` (every value in the customer's words, no record to read) or
+    #: ``target`` (as on the target: the details given when asked, the reads before the write).
+    flows = ("stated", "target")
+
+    def __init__(self, *args: Any, flow: str = "stated", **kwargs: Any):
+        if flow not in self.flows:
+            raise ValueError(f"flow must be one of {self.flows}, got {flow!r}")
+        self.flow = flow
+        super().__init__(*args, **kwargs)
 
     def _session_kwargs(self, difficulty: int) -> dict:
         return {"describe_prob": 0.0}  # records named by id: nothing to reason about
@@ -261,8 +285,10 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
             request = session.request(family, refuse=False,
                                       accept=lambda r: r.decision == "act" and r.write is not None)
         phrase = phrase_airline if self.domain_name == "airline" else phrase_retail
-        _clean(request, family, phrase(request.write))
-        task = session.task([request], scenario=f"tcp:{family}")
+        keep = self.flow == "target" and bool(request.text)  # a multi-item swap has no target phrasing
+        _clean(request, family, None if keep else phrase(request.write))
+        scenario = f"tcp:{family}" if self.flow == "stated" else f"tcp:{family}:target"
+        task = session.task([request], scenario=scenario)
         task.reward_basis = ("DB",)
         task.task_id = f"{task.task_id}-t{tier}"
         if not _gold_applies(task, session.db, self.domain_name):
