@@ -60,3 +60,33 @@ def test_the_probe_counts_every_matching_episode(probe, episodes, capsys):
     assert summary["episodes"] == flights > 0 and 0 <= summary["right"] <= flights
     with pytest.raises(SystemExit, match="no episode"):
         probe.main([model, str(path), "--tool", "t", "--arg", "a", "--pattern", r"nothing (\d+)"])
+
+
+def test_a_message_prefix_probes_the_id_named_when_asked_across_the_record_read(probe, episodes, tmp_path, capsys):
+    """``--message``: with the id given when the agent asks, the cut after the reservation's record, the prompt ends
+    with the message's start; the probe counts each such episode (a confirmation must state the id next)."""
+    from transformers import AutoTokenizer
+
+    from trace_envs import OracleAgent, rollout
+
+    model, _, _ = episodes
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    kwargs = {**KWARGS, "scenarios": ["cancel"], "size": {"ask_details_prob": 1.0, "bundle_prob": 0.0}}
+    records = [rollout(ENV, OracleAgent(), seed=s, env_kwargs=kwargs) for s in range(6)]
+    pattern = r"reservation id is ([A-Z0-9]{6})"
+    found = list(probe.forced_prompts(records, tokenizer, None, None, pattern, "get_reservation_details",
+                                      message="Reservation "))
+    named = [r for r in records if any(re.search(pattern, m.get("content") or "") for m in r["messages"]
+                                       if m["role"] == "user")]
+    assert named and len(found) == len(named)
+    for wanted, _, prompt in found:
+        assert prompt.endswith("<|im_start|>assistant\nReservation ")
+        assert prompt.count("<tool_response>") == 2  # the user record, then the reservation's
+        assert wanted in prompt.split("<tool_response>")[1] and wanted in prompt.split("<tool_response>")[2]
+    path = tmp_path / "asked.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert probe.main([model, str(path), "--after", "get_reservation_details", "--pattern", pattern,
+                       "--message", "Reservation ", "--show", "0"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == len(named)
+    with pytest.raises(SystemExit):
+        probe.main([model, str(path), "--pattern", pattern])  # neither a call nor a message to start
