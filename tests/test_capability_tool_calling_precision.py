@@ -255,5 +255,14 @@ def test_target_flow_asks_reads_then_writes_and_the_copy_of_the_id_is_what_pays(
         stated.reset(seed=s)  # the default flow is unchanged: every value stated, nothing to read
         assert stated.unwrapped.task.requests[0].reads == [] and ":target" not in stated.unwrapped.task.scenario
     assert cancels >= 10
+    # No write rests on reasoning: the target's "cheapest flight" changes are drawn again (precision only).
+    harder = gym.make(ENV_ID, difficulty=3, flow="target")
+    kinds = set()
+    for s in range(40):
+        harder.reset(seed=s)
+        request = harder.unwrapped.task.requests[0]
+        kinds.add(request.kind)
+        assert "cheapest" not in request.text, (s, request.text)
+    assert "flight_change" in kinds
     with pytest.raises(ValueError, match="flow"):
         gym.make(ENV_ID, flow="asked")

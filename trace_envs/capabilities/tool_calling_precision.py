@@ -177,7 +177,8 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
     gold path makes (the reservation's details). What is tested is then carrying a value exactly
     across the conversation and the records read into the write: the failure a small model shows
     on the target (an id read right, then garbled in the confirmation and the write). The request
-    still names its record by id, the policy allows it and the reward is the same.
+    still names its record by id, the policy allows it, no write rests on reasoning (a request
+    that would, e.g. "the cheapest economy flight", is drawn again) and the reward is the same.
 
     ## Difficulty
     ``difficulty`` (1-5, default 3) sets the tier of the write tool: the tier equal to the
@@ -282,8 +283,11 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
                 session._restore(state)
                 raise
         else:
+            # In the target's flow a request keeps the target's words, so one whose write rests on reasoning
+            # (the cheapest flight, the record a description fits) is drawn again: precision only.
             request = session.request(family, refuse=False,
-                                      accept=lambda r: r.decision == "act" and r.write is not None)
+                                      accept=lambda r: r.decision == "act" and r.write is not None
+                                      and not (self.flow == "target" and r.needs_reasoning))
         phrase = phrase_airline if self.domain_name == "airline" else phrase_retail
         keep = self.flow == "target" and bool(request.text)  # a multi-item swap has no target phrasing
         _clean(request, family, None if keep else phrase(request.write))
