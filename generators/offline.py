@@ -47,10 +47,14 @@ FAMILIES = {
     "swe_localization": ("swe_localization", "swe_localization", "SweLocalizationEnv"),
 }
 _TAU_DOMAINS = {"tau_airline": "airline", "tau_retail": "retail"}
-#: Keyword arguments a family gets when it follows the evidence (variants that use it): the target's own
-#: conversation for tool-calling precision, where the evidence's failures happened (an id read right, then
-#: garbled on its way into the write); stated in full, its requests need no read and teach none.
-EVIDENCE_KWARGS = {"tool_calling_precision": {"flow": "target"}}
+#: Keyword arguments a family gets when it follows the evidence (variants that use it), with the sentence the
+#: module's docstring says about them: the target's own conversation for tool-calling precision, where the
+#: evidence's failures happened (an id read right, then garbled on its way into the write); stated in full, its
+#: requests need no read and teach none.
+EVIDENCE_KWARGS = {
+    "tool_calling_precision": ({"flow": "target"}, 'The requests reach the agent as on the target (`flow="target"`): '
+                                                   "the details given when asked, the reads before the write."),
+}
 
 
 class NoTemplate(ValueError):
@@ -176,12 +180,11 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
         "reward_version": int(builtin.kwargs.get("version", 0)),
     }
     notes: dict = {"template": template, "difficulty": difficulty, "variant": variant, "focus_share": share}
-    extra = dict(EVIDENCE_KWARGS.get(capability, {})) if use_evidence else {}
+    extra, note = EVIDENCE_KWARGS.get(capability, ({}, "")) if use_evidence else ({}, "")
     values["extra_kwargs"] = "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
-    values["flow_note"] = (" The requests reach the agent as on the target (`flow=\"target\"`): the details given "
-                           "when asked, the reads before the write." if extra.get("flow") == "target" else "")
+    values["kwargs_note"] = f" {note}" if note else ""
     if extra:
-        notes["kwargs"] = extra
+        notes["kwargs"] = dict(extra)
     if template == "tau_capability":
         target = target_env.split(":")[-1].split("/")[-1].rsplit("-v", 1)[0]
         domain = _TAU_DOMAINS.get(target)

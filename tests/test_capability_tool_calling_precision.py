@@ -264,5 +264,7 @@ def test_target_flow_asks_reads_then_writes_and_the_copy_of_the_id_is_what_pays(
         kinds.add(request.kind)
         assert "cheapest" not in request.text, (s, request.text)
     assert "flight_change" in kinds
+    for env in (e, stated, harder):
+        env.close()
     with pytest.raises(ValueError, match="flow"):
         gym.make(ENV_ID, flow="asked")
