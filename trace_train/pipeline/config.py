@@ -55,7 +55,7 @@ class BaseSection:
             model's weights) or ``scripted`` (a registered reference agent named by ``agent``, e.g.
             ``tau:noisy``; for pipeline tests, training then needs ``train.model``).
         model: ``hf``: the model folder; ``openai``: the served model name.
-        preset: ``tiny``: the size preset of the model built here (``nano``, ``tiny``, ``small``).
+        preset: ``tiny``: the size preset of the model built here (``nano``, ``tiny``, ``tiny-keys``, ``small``).
         bootstrap: ``tiny``: fields of :class:`trace_train.tiny.bootstrap.BootstrapConfig` for the warm-up (its
             ``target`` defaults to the first rollout target).
         base_url: ``openai``: the endpoint.

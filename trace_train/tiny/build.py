@@ -53,6 +53,9 @@ class ModelPreset:
         rope_theta: RoPE base.
         copy_circuit: if set, the model is built with this hand-set induction (copy) circuit in its
             first two layers (:mod:`trace_train.tiny.copy_circuit`); the LM head is then untied.
+        split: the tokenizer's pre-tokenizer split (:data:`trace_train.tiny.tokenizer.SPLITS`): ``words``,
+            or ``keys``, which keeps a snake_case name such as ``reservation_id`` whole (one token after BPE),
+            so that the induction head's two-token match tells one id field from another.
     """
 
     vocab_size: int
@@ -65,6 +68,7 @@ class ModelPreset:
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
     copy_circuit: CopyCircuit | None = None
+    split: str = "words"
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -81,6 +85,11 @@ PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
                         rope_theta=1e28, copy_circuit=CopyCircuit()),
+    # The tiny model with the ``keys`` tokenizer split: a field name is one token, so a write after a record it
+    # read copies the field it names (``reservation_id ": "``), not whichever ``id ": "`` the record holds.
+    "tiny-keys": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
+                             rope_theta=1e28, copy_circuit=CopyCircuit(), split="keys"),
     # Still CPU-trainable, for runs that can afford tens of minutes.
     "small": ModelPreset(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=2, head_dim=32),
@@ -101,7 +110,10 @@ class BuildResult:
 
 def _content_key(preset: str, config: ModelPreset, texts: list[str], template: str, seed: int) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"v": BUILD_VERSION, "preset": preset, "config": asdict(config), "seed": seed},
+    spec = asdict(config)
+    if spec["split"] == "words":  # the split added later: at its default, earlier builds keep their keys
+        del spec["split"]
+    h.update(json.dumps({"v": BUILD_VERSION, "preset": preset, "config": spec, "seed": seed},
                         sort_keys=True).encode())
     h.update(hashlib.sha256(template.encode()).digest())
     for t in texts:
@@ -146,7 +158,7 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tok = wrap_tokenizer(train_tokenizer(texts, config.vocab_size), template)
+    tok = wrap_tokenizer(train_tokenizer(texts, config.vocab_size, config.split), template)
     vocab = len(tok)
     # Round the embedding table up to a multiple of 64 (faster matmuls); the extra rows are never produced.
     padded_vocab = int(math.ceil(vocab / 64) * 64)

@@ -40,6 +40,15 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_re
 #: date or a flight number is a few tokens to copy instead of one per digit; the tiny models do no
 #: arithmetic worth protecting. JSON punctuation such as ``": "`` becomes one token.
 _SPLIT_PATTERN = r"\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
+#: The ``keys`` split: as above, but a snake_case name (letter runs joined by underscores) is one piece, so
+#: ``reservation_id`` can become one token instead of ``reservation _ id``. Why: the copy circuit's induction
+#: head matches the last two tokens, and ``id ": "`` ends every ``..._id`` field, so a write after a reservation
+#: record (``{"reservation_id": "`` with the record's ``user_id`` and ``payment_id`` fields in context) copies
+#: whichever id field it matches; ``reservation_id ": "`` matches only the field the write names. An id such as
+#: ``mia_li_3668`` still splits the same way wherever it appears (``mia_li`` ``_`` ``3668``).
+_KEYS_SPLIT_PATTERN = r"\p{L}+(?:_\p{L}+)+|\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
+#: Pre-tokenizer splits by name (:attr:`trace_train.tiny.build.ModelPreset.split`).
+SPLITS = {"words": _SPLIT_PATTERN, "keys": _KEYS_SPLIT_PATTERN}
 
 
 def qwen3_chat_template() -> str:
@@ -123,13 +132,19 @@ def render_plain(messages: list[dict]) -> str:
     return "\n".join(out)
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer (Qwen-style split) with the chat markup as added tokens."""
+def train_tokenizer(texts: list[str], vocab_size: int, split: str = "words"):
+    """A byte-level BPE tokenizer with the chat markup as added tokens.
+
+    ``split`` names the pre-tokenizer's pattern in :data:`SPLITS`: ``words`` (letter runs, digit runs, the
+    rest) or ``keys`` (also a snake_case name whole).
+    """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    if split not in SPLITS:
+        raise ValueError(f"unknown tokenizer split {split!r}; choose one of {', '.join(SPLITS)}")
     tok = Tokenizer(models.BPE(byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(SPLITS[split]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
