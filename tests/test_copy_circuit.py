@@ -238,3 +238,54 @@ def test_banded_training_forward_matches_the_full_one(tokenizer, monkeypatch):
             a, b = (grad, banded_grads[name]) if held is None else (grad * held, banded_grads[name] * held)
             # Relative to the weight's largest gradient (the induction head's sharp softmax amplifies rounding).
             assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max()) + 1e-7, name
+
+
+def _wired_preset(split: str):
+    from trace_train.tiny.build import ModelPreset
+    from trace_train.tiny.copy_circuit import CopyCircuit
+
+    circuit = CopyCircuit(**CIRCUIT_KW)
+    return ModelPreset(vocab_size=2048, hidden_size=circuit.hidden_size, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=circuit.min_head_dim(),
+                       max_position_embeddings=4096, rope_theta=1e28, copy_circuit=circuit, split=split)
+
+
+def test_the_keys_split_lets_a_write_after_a_record_copy_the_field_it_names(tmp_path, monkeypatch):
+    """``id ": "`` ends every id field; with the field name one token the induction match tells them apart.
+
+    The context is a cancellation's: the user details call and record, the reservation read and its record (which
+    also holds the user id). The write ``{"reservation_id": "`` must continue with the reservation id. Untrained,
+    the ``words`` split's match spreads over every ``id ": "`` (the user id's three, the reservation id's two) and
+    its copy is not the reservation id; the ``keys`` split copies the reservation id. Measured on 37 oracle cancellations of the planted target with the real
+    presets: the write starts with the id 1/37 (``tiny``) against 28/37 (``tiny-keys``).
+    """
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_train.tiny import build as models
+
+    user, rid = "mia_li_3668", "ZFA04Y"
+    user_record = {"user_id": user, "name": {"first_name": "Mia", "last_name": "Li"}, "reservations": [rid]}
+    reservation = {"reservation_id": rid, "user_id": user, "origin": "SFO", "destination": "JFK", "cabin": "business"}
+    context = (f'<tool_call>\n{{"name": "get_user_details", "arguments": {{"user_id": "{user}"}}}}\n</tool_call>\n'
+               f"<tool_response>\n{json.dumps(user_record)}\n</tool_response>\n"
+               f'<tool_call>\n{{"name": "get_reservation_details", "arguments": {{"reservation_id": "{rid}"}}}}\n'
+               f"</tool_call>\n<tool_response>\n{json.dumps(reservation)}\n</tool_response>\n"
+               '<tool_call>\n{"name": "cancel_reservation", "arguments": {"reservation_id": "')
+    first = {}
+    for split in ("words", "keys"):
+        monkeypatch.setitem(models.PRESETS, f"wired-{split}", _wired_preset(split))
+        built = models.build_model(f"wired-{split}", out=tmp_path / split, env_ids=["trace/tau_airline-v0"],
+                                   corpus_seeds=2)
+        tok = AutoTokenizer.from_pretrained(built.path)
+        model = AutoModelForCausalLM.from_pretrained(built.path).eval()
+        pieces = [tok.decode([i]) for i in tok("reservation_id").input_ids]
+        assert pieces == (["reservation_id"] if split == "keys" else ["reservation", "_", "id"])
+        with torch.no_grad():
+            logits = model(input_ids=tok(context, return_tensors="pt").input_ids).logits[0, -1]
+        first[split] = tok.decode([int(logits.argmax())])
+        assert rid.startswith(tok.decode(tok(rid).input_ids[:1]))  # the id's first token is what a copy starts with
+    assert rid.startswith(first["keys"]) and first["keys"], first
+    assert not rid.startswith(first["words"]), first  # the words split's copy is a blend of the id fields
