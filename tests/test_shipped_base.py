@@ -87,6 +87,28 @@ def test_the_base_stage_estimate_says_shipped_or_warm_up(tmp_path, monkeypatch):
     assert "warm-up" in why and seconds > 10
 
 
+@pytest.mark.parametrize("config", [None, "examples/configs/cpu_headline_planted.yaml"])
+def test_a_warm_up_estimate_is_near_what_the_shipped_warm_up_measured(tmp_path, monkeypatch, config):
+    """The estimate of a recipe one step longer than a shipped base's is within 1.5x of that base's measured time."""
+    monkeypatch.setenv("TRACE_CACHE", str(tmp_path))
+    from pathlib import Path
+
+    from trace_train.pipeline.config import load_config
+    from trace_train.pipeline.stages.base import estimate_base
+
+    class Ctx:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / config) if config else embedded_default()
+    shipped = find_shipped_base(tiny_base_cache_dir(tiny_bootstrap_config(cfg.base, cfg.rollout.targets[0])).name)
+    assert shipped is not None  # both recipes are shipped
+    cfg.base.bootstrap = {**cfg.base.bootstrap, "steps": cfg.base.bootstrap["steps"] + 1}
+    seconds, why = estimate_base(Ctx(cfg))
+    measured = shipped.recipe["warmup"]["train_seconds"]
+    assert "warm-up" in why and measured / 1.5 < seconds < measured * 1.5, (seconds, measured)
+
+
 @pytest.mark.parametrize("bad", ["{}", "not json"])
 def test_a_bad_recipe_file_is_a_clear_error(tmp_path, bad, capsys):
     from trace_train import cli

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = verbs.add_parser("build", help="build the random-init tiny Qwen3 model and its tokenizer",
                          description="Build (or fetch from the cache) a tiny Qwen3 model, offline.")
-    p.add_argument("--preset", default="tiny", help="nano, tiny or small (default: tiny)")
+    p.add_argument("--preset", default="tiny", help="nano, tiny, tiny-keys or small (default: tiny)")
     p.add_argument("--out", help="output folder (default: the cache, keyed by preset and content)")
     p.add_argument("--envs", nargs="+", metavar="ID",
                    help="envs whose text trains the tokenizer (default: every registered env without requirements)")

@@ -127,7 +127,7 @@ def build_model(preset: str = "tiny", out: str | Path | None = None, env_ids: Se
     """Build (or fetch from the cache) a random-init tiny Qwen3 model and its tokenizer.
 
     Args:
-        preset: a key of :data:`PRESETS` (``nano``, ``tiny``, ``small``).
+        preset: a key of :data:`PRESETS` (``nano``, ``tiny``, ``tiny-keys``, ``small``).
         out: where to save; default ``<cache>/<preset>-<content hash>``. An existing complete build
             at that path with the same content key is reused unless ``force``.
         env_ids: envs whose oracle conversations and tool schemas train the tokenizer

@@ -2,7 +2,8 @@
 
 :func:`train_tokenizer` learns merges with ``tokenizers`` on :func:`env_corpus` (oracle conversations and tool
 schemas of :func:`default_corpus_envs`, rendered with the Qwen3 markup by :func:`render_plain`), with a split
-that keeps an id the same tokens wherever it appears; :func:`wrap_tokenizer` gives it TRL's Qwen3 chat
+that keeps an id the same tokens wherever it appears (:data:`SPLITS`: ``keys`` also keeps a field name such as
+``reservation_id`` whole); :func:`wrap_tokenizer` gives it TRL's Qwen3 chat
 template byte-for-byte (:func:`qwen3_chat_template`), so TRL recognises the template and parses
 ``<tool_call>`` blocks. :func:`trace_train.tiny.build.build_model` calls these.
 

@@ -119,6 +119,29 @@ def run_base(ctx) -> tuple[list[str], dict]:
     return outputs, info
 
 
+def warmup_seconds_per_step(threads: int) -> float:
+    """Rough seconds of one warm-up step on ``threads`` torch threads.
+
+    Measured where it can be: the shipped bases' warm-ups (``recipe.json``: train seconds over steps), which run
+    today's recipes (long conversations, language-model pre-training first); those on as many threads if any, else
+    all of them. Threads are not converted: a second thread was 1.7x faster on an older, shorter recipe and slower
+    on the planted one (3.5 s a step on two threads here, 2.5 s on one on the machine before). Without a shipped
+    base, the bench constant (from a shorter recipe; about half today's time).
+    """
+    from trace_train.tiny.shipped import shipped_bases
+
+    measured: dict[int, list[float]] = {}
+    for shipped in shipped_bases():
+        warmup = shipped.recipe.get("warmup") or {}
+        if warmup.get("train_seconds") and warmup.get("steps"):
+            n = int(shipped.recipe["bootstrap"].get("threads", 1))
+            measured.setdefault(n, []).append(warmup["train_seconds"] / warmup["steps"])
+    if not measured:
+        return SECONDS_PER_SFT_STEP_TINY / (SFT_TWO_THREAD_SPEEDUP if threads >= 2 else 1.0)
+    times = measured.get(threads) or [t for ts in measured.values() for t in ts]
+    return sum(times) / len(times)
+
+
 def estimate_base(ctx) -> tuple[float | None, str]:
     b = ctx.cfg.base
     if b.kind != "tiny":
@@ -134,7 +157,7 @@ def estimate_base(ctx) -> tuple[float | None, str]:
     shipped = find_shipped_base(tiny_base_cache_dir(bcfg).name)
     if shipped is not None:
         return 2.0, f"tiny base shipped with the project ({shipped.name}): no warm-up"
-    per_step = SECONDS_PER_SFT_STEP_TINY / (SFT_TWO_THREAD_SPEEDUP if bcfg.threads >= 2 else 1.0)
+    per_step = warmup_seconds_per_step(bcfg.threads)
     train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * per_step
     budget = f"{train / 60:.0f} min budget" if bcfg.max_seconds else f"{bcfg.steps} steps"
     return SECONDS_BOOTSTRAP_SETUP + train, (f"warm-up of the {bcfg.preset} model on {bcfg.target} "
