@@ -124,9 +124,9 @@ def warmup_seconds_per_step(threads: int) -> float:
 
     Measured where it can be: the shipped bases' warm-ups (``recipe.json``: train seconds over steps), which run
     today's recipes (long conversations, language-model pre-training first); those on as many threads if any, else
-    all of them. Threads are not converted: a second thread was 1.7x faster on an older, shorter recipe and slower
-    on the planted one (3.5 s a step on two threads here, 2.5 s on one on the machine before). Without a shipped
-    base, the bench constant (from a shorter recipe; about half today's time).
+    all of them. Threads are not converted: a second thread was 1.7x faster on an older, shorter recipe, and the
+    planted recipe's warm-up took 3.5 s a step on two threads against 2.5 s on one (two 2-core machines of one CPU
+    type, 2026-12-04). Without a shipped base, the bench constant (from a shorter recipe; about half today's time).
     """
     from trace_train.tiny.shipped import shipped_bases
 
