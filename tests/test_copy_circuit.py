@@ -256,8 +256,9 @@ def test_the_keys_split_lets_a_write_after_a_record_copy_the_field_it_names(tmp_
     The context is a cancellation's: the user details call and record, the reservation read and its record (which
     also holds the user id). The write ``{"reservation_id": "`` must continue with the reservation id. Untrained,
     the ``words`` split's match spreads over every ``id ": "`` (the user id's three, the reservation id's two) and
-    its copy is not the reservation id; the ``keys`` split copies the reservation id. Measured on 37 oracle cancellations of the planted target with the real
-    presets: the write starts with the id 1/37 (``tiny``) against 28/37 (``tiny-keys``).
+    its copy is not the reservation id; the ``keys`` split copies the reservation id. Measured on 37 oracle
+    cancellations of the planted target with the real presets: the write starts with the id 1/37 (``tiny``)
+    against 28/37 (``tiny-keys``).
     """
     import json
 

@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -71,6 +71,11 @@ class ModelPreset:
     split: str = "words"
 
 
+#: The CPU default's size (see :data:`PRESETS`), shared by the ``tiny`` presets.
+_TINY = ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=2, head_dim=80, rope_theta=1e28,
+                    copy_circuit=CopyCircuit())
+
 PRESETS: dict[str, ModelPreset] = {
     # For tests: builds in seconds, a forward pass over 1k tokens takes milliseconds. Its 32k positions take the
     # LLM generator's whole prompt (15k tokens with the airline target's schemas) when `transformers serve`
@@ -82,14 +87,10 @@ PRESETS: dict[str, ModelPreset] = {
     # the conversation from the start, and SFT learns the turn format and when to copy within a few
     # hundred steps (see bench/bootstrap_curve.py for what it reaches). The huge RoPE base keeps the
     # induction head's content pairs still over the context (CopyCircuit.check).
-    "tiny": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
-                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
-                        rope_theta=1e28, copy_circuit=CopyCircuit()),
+    "tiny": _TINY,
     # The tiny model with the ``keys`` tokenizer split: a field name is one token, so a write after a record it
     # read copies the field it names (``reservation_id ": "``), not whichever ``id ": "`` the record holds.
-    "tiny-keys": ModelPreset(vocab_size=6144, hidden_size=CopyCircuit().hidden_size, intermediate_size=384,
-                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=80,
-                             rope_theta=1e28, copy_circuit=CopyCircuit(), split="keys"),
+    "tiny-keys": replace(_TINY, split="keys"),
     # Still CPU-trainable, for runs that can afford tens of minutes.
     "small": ModelPreset(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=2, head_dim=32),
