@@ -90,3 +90,44 @@ def test_a_message_prefix_probes_the_id_named_when_asked_across_the_record_read(
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == len(named)
     with pytest.raises(SystemExit):
         probe.main([model, str(path), "--pattern", pattern])  # neither a call nor a message to start
+
+
+# ---------------------------------------------------------------- scripts/decision_probe.py (same episodes)
+@pytest.fixture(scope="module")
+def decision_probe():
+    return load_script("decision_probe")
+
+
+def test_the_decision_prompt_is_the_history_up_to_the_named_tools_result(decision_probe, episodes):
+    from transformers import AutoTokenizer
+
+    model, _, records = episodes
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    found = list(decision_probe.decision_prompts(records, tokenizer, "get_user_details", "scenario"))
+    reaching = [r for r in records if any(m.get("name") == "get_user_details" for m in r["messages"])]
+    assert reaching and len(found) == len(reaching)
+    for record, (value, prompt, oracle_call) in zip(reaching, found):
+        cut = next(i for i, m in enumerate(record["messages"]) if m.get("name") == "get_user_details")
+        nxt = next(m for m in record["messages"][cut + 1:] if m["role"] == "assistant")
+        assert value == record["task"]["scenario"] and oracle_call == bool(nxt.get("tool_calls"))
+        assert prompt.count("<tool_response>") == 1 and prompt.endswith("<|im_start|>assistant\n")
+    assert not list(decision_probe.decision_prompts(records, tokenizer, "no_such_tool", "scenario"))
+
+
+def test_the_decision_summary_groups_by_label_and_scores_the_likelier_opening(decision_probe):
+    rows = [("act", 0.2, False), ("act", 0.6, False), ("refuse", 0.9, True), ("refuse", 0.3, True)]
+    summary = decision_probe.summarize(rows)
+    assert summary["act"]["episodes"] == 2 and summary["act"]["oracle_calls"] == 0.0
+    assert summary["act"]["p_call_mean"] == pytest.approx(0.4) and summary["act"]["argmax_agrees"] == 0.5
+    assert summary["refuse"]["p_call_min"] == 0.3 and summary["refuse"]["argmax_agrees"] == 0.5
+
+
+def test_the_decision_probe_reports_every_reaching_episode(decision_probe, episodes, capsys):
+    model, path, records = episodes
+    assert decision_probe.main([model, str(path), "--after", "get_user_details", "--label", "scenario"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    reaching = [r for r in records if any(m.get("name") == "get_user_details" for m in r["messages"])]
+    assert sum(s["episodes"] for s in summary.values()) == len(reaching)
+    assert all(0.0 <= s["p_call_min"] <= s["p_call_mean"] <= s["p_call_max"] <= 1.0 for s in summary.values())
+    with pytest.raises(SystemExit, match="no episode reaches"):
+        decision_probe.main([model, str(path), "--after", "no_such_tool"])

@@ -243,6 +243,50 @@ def test_last_layer_at_targets_only_is_exact(model_dir):
             assert torch.allclose(a, b, atol=1e-6, rtol=1e-3)
 
 
+def test_turn_head_weights_mark_the_opening_of_every_target_run():
+    """The first ``head_tokens`` positions of each run of targets (an assistant turn) get the weight, the rest of
+    the run 1, non-targets 0; runs are found per row."""
+    import torch
+
+    from trace_train.tiny.sft_forward import turn_head_weights
+
+    keep = torch.tensor([[0, 1, 1, 1, 0, 0, 1, 1, 0], [1, 1, 0, 1, 1, 1, 1, 1, 1]]).bool()
+    assert turn_head_weights(keep, 5.0, 2).tolist() == [[0, 5, 5, 1, 0, 0, 5, 5, 0], [5, 5, 0, 5, 5, 1, 1, 1, 1]]
+    assert turn_head_weights(keep, 1.0, 2).tolist() == keep.float().tolist()
+
+
+def test_turn_head_weighted_loss_is_the_weighted_mean_on_both_forwards(model_dir):
+    """With ``head_weight`` the SFT loss is the mean of per-token losses weighted by turn_head_weights, the same
+    on the fast (targets-only, shared prefix) and the plain forward; it is not the plain mean."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_envs import OracleAgent, rollout
+    from trace_train.tiny.sft_data import sft_rows, shared_prefix_length
+    from trace_train.tiny.sft_forward import sft_loss, turn_head_weights
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows, _, _ = sft_rows(tok, [rollout(EXAMPLE, OracleAgent(), seed=s) for s in (3, 4)], max_length=4096)
+    n = shared_prefix_length(rows)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total = weight = 0.0
+    with torch.no_grad():
+        for ids, labels in rows:  # the reference: per-token losses of one unpadded sequence at a time
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+            nxt = torch.tensor(labels[1:])
+            keep = nxt != -100
+            losses = torch.nn.functional.cross_entropy(logits[keep], nxt[keep], reduction="none")
+            w = turn_head_weights(keep.unsqueeze(0), 10.0, 8)[0][keep]
+            total += float((losses * w).sum())
+            weight += float(w.sum())
+        plain = float(sft_loss(model, rows, tok.pad_token_id, n))
+        weighted = [float(sft_loss(model, rows, tok.pad_token_id, prefix, targets_only=fast, head_weight=10.0))
+                    for prefix, fast in ((0, False), (n, True))]
+    assert weighted[0] == pytest.approx(total / weight, rel=1e-4)
+    assert weighted[1] == pytest.approx(weighted[0], rel=1e-5)
+    assert abs(weighted[0] - plain) > 1e-4
+
+
 def test_pretraining_loss_is_the_conversation_alone_on_every_token(model_dir):
     """The curriculum's pre-training steps: without the shared prompt, every token a target. The loss equals
     the plain LM loss of the conversations cut after that prompt, and differs from the SFT loss."""

@@ -120,6 +120,37 @@ def test_sft_warmup_is_checked():
         TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft=True, sft_warmup_steps=5)
     with pytest.raises(ConfigError, match="sft_warmup_steps"):
         TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_warmup_steps=-1)
+    for bad in (0.5, True, "10"):
+        with pytest.raises(ConfigError, match="sft_turn_head_weight"):
+            TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_turn_head_weight=bad)
+
+
+def test_the_turn_head_weight_reaches_the_sft_code(tmp_path, monkeypatch):
+    """``sft_turn_head_weight`` reaches the SFT code the baseline and GRPO's warm-up share (fit_sft_lora, then
+    bootstrap_model's config); unset, the loss stays the plain token mean (weight 1)."""
+    from trace_train.tiny import bootstrap
+    from trace_train.train import grpo
+    from trace_train.train.grpo import TrainConfig
+    from trace_train.train.sft import fit_sft_lora
+
+    seen = []
+
+    def fake_bootstrap(cfg, progress=True):  # records the config; the real one is exercised in test_models.py
+        seen.append(cfg)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bootstrap, "bootstrap_model", fake_bootstrap)
+    cfg = TrainConfig(env_ids=ENVS[:1], model="m", output_dir=str(tmp_path), sft_warmup_steps=3,
+                      sft_turn_head_weight=10)
+    with pytest.raises(RuntimeError, match="stop here"):
+        fit_sft_lora(cfg, {ENVS[0]: {}}, "cpu", tmp_path / "a", 3)
+    assert seen[-1].turn_head_weight == 10.0 and seen[-1].turn_head_tokens == 8
+    with pytest.raises(RuntimeError, match="stop here"):
+        grpo.sft_warmup(cfg, {ENVS[0]: {}}, "cpu")
+    with pytest.raises(RuntimeError, match="stop here"):
+        grpo.sft_warmup(TrainConfig(env_ids=ENVS[:1], model="m", output_dir=str(tmp_path), sft_warmup_steps=3),
+                        {ENVS[0]: {}}, "cpu")
+    assert [c.turn_head_weight for c in seen] == [10.0, 10.0, 1.0]
 
 
 def test_calibration_warns_with_the_figures_and_the_knob(nano, tmp_path, caplog):

@@ -106,6 +106,13 @@ class BootstrapConfig:
             ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``).
             The output folder then holds a PEFT adapter (``PeftModel.from_pretrained(base, out)``), not
             a model; ``trace train --sft`` uses this.
+        turn_head_weight: the SFT loss counts the first ``turn_head_tokens`` tokens of every assistant turn
+            this many times (1: a plain token mean). A turn's decision — a message or a tool call, which
+            tool, go ahead or refuse — sits in its opening, while most of its tokens are copied or fixed by
+            the format; under a plain mean a fitted episode's loss barely sees a decision made wrong half
+            the time (:func:`trace_train.tiny.sft_forward.turn_head_weights`). Not applied to the
+            pre-training phase, where every token is a target.
+        turn_head_tokens: how many tokens open a turn for ``turn_head_weight``.
     """
 
     target: str
@@ -133,6 +140,8 @@ class BootstrapConfig:
     mixture: dict = field(default_factory=dict)
     mixture_env_kwargs: dict = field(default_factory=dict)
     lora: dict | None = None
+    turn_head_weight: float = 1.0
+    turn_head_tokens: int = 8
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -149,6 +158,13 @@ class BootstrapConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.pretrain_frac < 1.0:
             raise ValueError(f"pretrain_frac must be in [0, 1), got {self.pretrain_frac}")
+        if isinstance(self.turn_head_weight, bool) or not isinstance(self.turn_head_weight, (int, float)) \
+                or not self.turn_head_weight >= 1:
+            raise ValueError(f"turn_head_weight must be a number >= 1 (1: a plain token mean), got "
+                             f"{self.turn_head_weight!r}")
+        if isinstance(self.turn_head_tokens, bool) or not isinstance(self.turn_head_tokens, int) \
+                or self.turn_head_tokens < 1:
+            raise ValueError(f"turn_head_tokens must be an integer >= 1, got {self.turn_head_tokens!r}")
         if self.prompt not in ("compact", "full"):
             raise ValueError(f"prompt must be 'compact' or 'full', got {self.prompt!r}")
         self.exclude_scenarios = tuple(self.exclude_scenarios)
@@ -334,7 +350,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         pretraining = done < cfg.pretrain_frac
         pretrain_steps += int(pretraining)
         loss = sft_loss(model, batch, pad, prefix_len, cfg.device, drop_prefix=pretraining, every_token=pretraining,
-                        local_window=local_window)
+                        local_window=local_window, head_weight=1.0 if pretraining else cfg.turn_head_weight,
+                        head_tokens=cfg.turn_head_tokens)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -359,7 +376,10 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     model.config.use_cache = True
 
     # Options left at their defaults stay out of the key, so folders cached before they existed still match.
-    keyed = {k: v for k, v in asdict(cfg).items() if not (k in ("mixture", "mixture_env_kwargs", "lora", "scenario_shares") and not v)}
+    defaults = {"turn_head_weight": 1.0, "turn_head_tokens": 8}
+    keyed = {k: v for k, v in asdict(cfg).items()
+             if not (k in ("mixture", "mixture_env_kwargs", "lora", "scenario_shares") and not v)
+             and not (k in defaults and v == defaults[k])}
     key = hashlib.sha256(json.dumps({"cfg": keyed, "base": model_metadata(base).get("content_key", base)},
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"
@@ -380,6 +400,7 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         "pretrain_steps": pretrain_steps, "frozen_circuit": cfg.freeze_circuit if circuit else None,
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "banded_window": local_window,
         "scenario_counts": counts, "mixture": mixture_counts, "lora": cfg.lora, "final_loss": losses[-1],
+        "turn_head_weight": cfg.turn_head_weight, "turn_head_tokens": cfg.turn_head_tokens,
         "seconds": time.perf_counter() - t0}})
     # An adapter folder is not a model folder: its record gets its own name, so model_metadata() of it is {}.
     (out / ("trace_adapter.json" if peft_model is not None else "trace_model.json")).write_text(

@@ -126,6 +126,10 @@ class TrainConfig:
                                   "envs' oracle episodes (sft_episodes, sft_lr, sft_batch_size), then GRPO trains "
                                   "the same LoRA on (the cold start of R1-style recipes: GRPO from a policy that "
                                   "already does the skill sometimes; 0 = off)", default=0)
+    sft_turn_head_weight: float = _help("SFT (--sft and the warm-up): the first 8 tokens of every assistant turn "
+                                        "count this many times in the loss, where a turn's decision sits (message "
+                                        "or call, which tool, go ahead or refuse) among tokens copied from the "
+                                        "context (1 = a plain token mean)", default=1.0)
 
     # ------------------------------------------------------------------ device, checkpoints, logs
     device: str = _help("cpu (fp32, one torch thread, use_cpu), cuda (bf16, optional vLLM), or auto", default="auto")
@@ -231,6 +235,10 @@ class TrainConfig:
             self._fail("sft_warmup_steps", "use an integer >= 0 (0: GRPO from a fresh LoRA)")
         if self.sft and self.sft_warmup_steps:
             self._fail("sft_warmup_steps", "the warm-up is for GRPO runs; with sft: true set sft_steps instead")
+        if isinstance(self.sft_turn_head_weight, bool) or not isinstance(self.sft_turn_head_weight, (int, float)) \
+                or not self.sft_turn_head_weight >= 1:
+            self._fail("sft_turn_head_weight", "use a number >= 1 (1: a plain token mean; 10 makes a turn's opening "
+                                               "decision a large share of a fitted episode's loss)")
         for name in ("learning_rate", "sft_lr"):
             if not getattr(self, name) > 0:
                 self._fail(name, "use a value > 0 (1e-5 for Qwen3 models, ~1e-3 for the tiny CPU model)")

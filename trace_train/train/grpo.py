@@ -808,6 +808,8 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
                 "env_kwargs": env_kwargs, "sft_episodes": cfg.sft_episodes, "sft_lr": cfg.sft_lr,
                 "sft_batch_size": cfg.sft_batch_size, "seed": cfg.seed, "lora_r": cfg.lora_r,
                 "lora_alpha": cfg.lora_alpha, "lora_target_modules": list(cfg.lora_target_modules)}
+    if cfg.sft_turn_head_weight != 1.0:  # only when set, so that warm-ups done before the option still match
+        settings["sft_turn_head_weight"] = cfg.sft_turn_head_weight
     settings = json.loads(json.dumps(settings, default=str))
     if done.exists() and json.loads(done.read_text()).get("settings") == settings:
         return adapter

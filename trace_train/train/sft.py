@@ -35,7 +35,8 @@ def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out
                            env_kwargs=target_kwargs, mixture={e: 1.0 for e in others},
                            mixture_env_kwargs={k: v for k, v in cfg.env_kwargs.items()},
                            lora={"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
-                                 "target_modules": list(cfg.lora_target_modules)})
+                                 "target_modules": list(cfg.lora_target_modules)},
+                           turn_head_weight=float(cfg.sft_turn_head_weight))
     return bootstrap_model(boot, progress=cfg.progress)
 
 
