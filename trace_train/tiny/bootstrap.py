@@ -178,6 +178,16 @@ class BootstrapConfig:
                                  f"got {share!r}")
 
 
+#: Options added after warmed-up bases were cached and shipped: while at these defaults they stay out of every
+#: content key (:func:`keyed_settings`), so the folders keyed before they existed still match.
+NEUTRAL_DEFAULTS = {"turn_head_weight": 1.0, "turn_head_tokens": 8}
+
+
+def keyed_settings(cfg: BootstrapConfig) -> dict:
+    """``asdict(cfg)`` for a content key: without the options of :data:`NEUTRAL_DEFAULTS` left at their defaults."""
+    return {k: v for k, v in asdict(cfg).items() if not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}
+
+
 def _lr_at(step: int, done: float, cfg: BootstrapConfig) -> float:
     """Linear warm-up over ``warmup_steps``, then cosine to 10% over the share ``done`` of the run."""
     if step < cfg.warmup_steps:
@@ -376,10 +386,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     model.config.use_cache = True
 
     # Options left at their defaults stay out of the key, so folders cached before they existed still match.
-    defaults = {"turn_head_weight": 1.0, "turn_head_tokens": 8}
-    keyed = {k: v for k, v in asdict(cfg).items()
-             if not (k in ("mixture", "mixture_env_kwargs", "lora", "scenario_shares") and not v)
-             and not (k in defaults and v == defaults[k])}
+    keyed = {k: v for k, v in keyed_settings(cfg).items()
+             if not (k in ("mixture", "mixture_env_kwargs", "lora", "scenario_shares") and not v)}
     key = hashlib.sha256(json.dumps({"cfg": keyed, "base": model_metadata(base).get("content_key", base)},
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"

@@ -41,7 +41,12 @@ read that uses it. One question for every family, so that asking is not itself a
 draw, the tasks every seed gave before.) Apart from the mix, ``cancel_grounds`` (a list, default all of
 :data:`CANCEL_GROUNDS`) names the grounds an allowed cancellation is drawn with: ``["business"]`` makes the
 decision rest on one field of the reservation read (its cabin; refusals are never in business), where the four
-grounds need a date difference, the flights' statuses and the reason set against the insurance.
+grounds need a date difference, the flights' statuses and the reason set against the insurance. With
+``cancel_grounds: ["business"]``, ``read_back: true`` makes the cancellation's decision message open with that
+field as the record writes it, then the decision (``"cabin": "economy" does not allow a cancellation. I'm sorry,
+…``), and a refusal reads no flight statuses first (they cannot change it): the decision comes right after the
+record and right after the value it rests on, where a small model's copy circuit brings it (docs/headline.md,
+"The decision is not read").
 """
 
 from __future__ import annotations
@@ -138,6 +143,16 @@ def _cancel_grounds(value: Any) -> tuple[str, ...]:
     return grounds
 
 
+def _read_back(value: Any, grounds: tuple[str, ...]) -> bool:
+    """``size["read_back"]`` checked: a bool, and only with the cabin as the one ground (the field read back)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"size['read_back'] must be true or false, got {value!r}")
+    if value and grounds != ("business",):
+        raise ValueError("size['read_back'] reads the cabin back, the one field the decision rests on with "
+                         f"size['cancel_grounds'] = ['business']; got cancel_grounds {list(grounds)}")
+    return value
+
+
 class _Gen:
     """State shared by the requests of one task: the draw stream, the layer, the user, planted records."""
 
@@ -151,6 +166,7 @@ class _Gen:
         self.distractor_prob = 0.45  # chance a request names its reservation by description (see distractor)
         self.withhold = False  # whether the request being built leaves out what identifies it (see build)
         self.cancel_grounds = _cancel_grounds(size.get("cancel_grounds"))
+        self.read_back = _read_back(size.get("read_back", False), self.cancel_grounds)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -340,14 +356,17 @@ def _cancel(g: _Gen) -> Request:
     paid = sum(p["amount"] for p in r["payment_history"])
     call = Call("cancel_reservation", {"reservation_id": rid})
     text = f"I want to cancel {phrase}. {why_text}"
+    # read_back: the decision opens with the one field it rests on, as the record writes it (see the docstring).
+    lead = (lambda decision: f'"cabin": "{r["cabin"]}" {decision} a cancellation. ') if g.read_back \
+        else (lambda decision: "")
     if refuse:
         clause = ("its travel insurance does not cover a change of plans" if r["insurance"] == "yes"
                   else "it has no travel insurance")
-        return Request("cancel", text, "refuse", reads=reads + _statuses(r), forbidden_write=call, details=details,
-                       communicate=["cannot be cancelled"],
-                       message=f"I'm sorry, but reservation {rid} cannot be cancelled: it was booked more than 24 "
-                               f"hours ago, none of its flights was cancelled by the airline, it is not in business "
-                               f"class, and {clause}.")
+        return Request("cancel", text, "refuse", reads=reads + ([] if g.read_back else _statuses(r)),
+                       forbidden_write=call, details=details, communicate=["cannot be cancelled"],
+                       message=lead("does not allow") + f"I'm sorry, but reservation {rid} cannot be cancelled: it "
+                               f"was booked more than 24 hours ago, none of its flights was cancelled by the "
+                               f"airline, it is not in business class, and {clause}.")
     because = {"recent": "it was booked less than 24 hours ago",
                "airline": "the airline cancelled one of its flights",
                "business": "it is a business-class reservation",
@@ -355,8 +374,9 @@ def _cancel(g: _Gen) -> Request:
     extra = _statuses(r) if reason == "airline" else []
     wrong = Call("cancel_reservation", {"reservation_id": other["reservation_id"]}) if other else None
     return Request("cancel", text, "act", reads=reads + extra, write=call, wrong_write=wrong, details=details,
-                   message=f"Reservation {rid} ({r['origin']} to {r['destination']}) can be cancelled because "
-                           f"{because}. I will cancel it and refund {money(paid)} to the original payment method.",
+                   message=lead("allows") + f"Reservation {rid} ({r['origin']} to {r['destination']}) can be "
+                           f"cancelled because {because}. I will cancel it and refund {money(paid)} to the original "
+                           f"payment method.",
                    done_message=f"Reservation {rid} is cancelled; the refund of {money(paid)} will reach the "
                                 f"original payment method within 5 to 7 business days.")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,11 @@ def tiny_bootstrap_config(section: BaseSection, target: str):
 
 def tiny_base_cache_dir(bcfg) -> Path:
     """Where the warmed-up base lives in the model cache: keyed by the warm-up's settings and the code version."""
+    from trace_train.tiny.bootstrap import keyed_settings
     from trace_train.tiny.build import BUILD_VERSION
     from trace_train.tiny.metadata import cache_root
 
-    data = {k: v for k, v in asdict(bcfg).items() if k != "out"}
+    data = {k: v for k, v in keyed_settings(bcfg).items() if k != "out"}
     key = hashlib.sha256(json.dumps({"cfg": data, "build": BUILD_VERSION}, sort_keys=True,
                                     default=str).encode()).hexdigest()[:12]
     return cache_root() / f"run-base-{bcfg.target.replace('/', '_')}-{key}"
