@@ -309,7 +309,9 @@ def turn_head_weights(keep, head_weight: float, head_tokens: int):
     ahead), while most of its tokens are copied from the context (ids, the record's fields) or fixed by the
     format. Under a plain token mean a decision the model gets wrong half the time is a few percent of the
     loss of a well-fitted episode (the precondition env's warm-up fitted its oracle to 0.04 and still went
-    ahead with 19 of 20 forbidden cancellations); weighting the openings makes it a large share again.
+    ahead with 19 of 20 forbidden cancellations); weighting the openings makes it a large share again. It
+    does not make a decision learnable that the model cannot see: on that env a weight of 10 moved how often
+    the opening is a tool call, not when (docs/headline.md, "The decision is not read").
     """
     import torch
 
