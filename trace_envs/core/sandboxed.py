@@ -498,7 +498,8 @@ class WorkerProcess:
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
-        _LIVE.discard(self)
+        if _LIVE is not None:  # None when an env left open is collected at interpreter shutdown
+            _LIVE.discard(self)
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask the env to close (its own cleanup), then kill the worker in any case."""
