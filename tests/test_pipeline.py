@@ -164,8 +164,10 @@ def test_each_grpo_runs_sft_warmup_is_evaluated_as_sft_on_its_env_alone(tmp_path
 
 def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(tmp_path):
     """train.options.sft_warmup_steps reaches every GRPO run's TrainConfig; the SFT baseline, all SFT already,
-    is built without it (TrainConfig refuses both at once), and the dry run's estimate counts the warm-ups."""
+    is built without it (TrainConfig refuses both at once), and the dry run's estimates count the warm-ups (their
+    training, and their own rows in the evaluation)."""
     from trace_train.pipeline.runner import Context
+    from trace_train.pipeline.stages.evaluate import estimate_evaluate
     from trace_train.pipeline.stages.train import _train_job, estimate_train
 
     cfg = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "max_minutes": 1.0,
@@ -179,6 +181,13 @@ def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(t
     cold = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "max_minutes": 1.0}})
     without, _ = estimate_train(Context(cfg=cold, run_dir=tmp_path, state={"stages": {}}, progress=False))
     assert with_warmup > without and "50 SFT warm-up steps" in note
+    # each warm-up is evaluated on the target too (the L1 row "sft:<capability>"): the evaluation estimate counts it
+    k = cfg.diagnose.max_capabilities
+    evaluated, rows = estimate_evaluate(ctx)
+    evaluated_cold, rows_cold = estimate_evaluate(Context(cfg=cold, run_dir=tmp_path, state={"stages": {}},
+                                                          progress=False))
+    assert evaluated > evaluated_cold
+    assert rows.startswith(f"≤ {7 + 2 * k} methods") and rows_cold.startswith(f"≤ {7 + k} methods")
 
 
 def test_set_changes_one_field_of_a_config_and_checks_it_like_the_file(tmp_path):

@@ -282,6 +282,8 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
+    if "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0:
+        methods += k  # each GRPO run's SFT warm-up is a row of its own (the L1 transfer ceiling)
     # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer);
     # per-episode routing decodes with generate() (its rows route apart, so they share no prefix), the others
     # (the token-level MoE included) as base.decode says.
