@@ -222,24 +222,30 @@ def test_cancel_grounds_makes_the_cancellation_decision_rest_on_the_cabin():
 
 def test_read_back_opens_the_decision_with_the_cabin_and_refuses_without_status_reads():
     """``read_back: true`` (with ``cancel_grounds: ["business"]``): the oracle's decision message opens with the
-    cabin as the record writes it and the decision, a refusal reads no flight status first, and the oracle still
-    wins every task; the knob is a bool and needs the cabin as the one ground."""
+    cabin as the record writes it and the decision, the two decisions' messages share no pair of consecutive words
+    after it (nor does a refusal name the id), a refusal reads no flight status first, and the oracle still wins
+    every task; the knob is a bool and needs the cabin as the one ground."""
     size = {"bundle_prob": 0.0, "refusal_prob": 0.5, "cancel_grounds": ["business"], "ask_details_prob": 1.0}
     env = gym.make(ENV_ID, scenarios=["cancel"], size={**size, "read_back": True})
     try:
-        decisions = collections.Counter()
+        decisions, pairs = collections.Counter(), {"act": set(), "refuse": set()}
         for seed in range(24):
             traj = rollout(env, OracleAgent(), seed=seed)
             request = env.unwrapped.task.requests[0]
             rid = (request.write or request.forbidden_write).arguments["reservation_id"]
             cabin = env.unwrapped.db.get("reservations", rid)["cabin"]
-            verdict = "allows" if request.decision == "act" else "does not allow"
+            verdict = "allows cancelling. " if request.decision == "act" else "does not allow a cancellation. "
             said = [m["content"] for m in traj["messages"] if m["role"] == "assistant" and not m.get("tool_calls")]
-            assert any(m.startswith(f'"cabin": "{cabin}" {verdict} a cancellation. ') for m in said), (seed, said)
+            assert any(m.startswith(f'"cabin": "{cabin}" {verdict}') for m in said), (seed, said)
             calls = [m["tool_calls"][0]["function"]["name"] for m in traj["messages"] if m.get("tool_calls")]
             assert "get_flight_status" not in calls and traj["reward"] == 1.0, (seed, calls, traj["reward_breakdown"])
             decisions[request.decision] += 1
+            # after the decision word, nothing a 2-layer model could confuse with the other decision's message
+            after = next(m for m in said if m.startswith('"cabin"')).split(verdict, 1)[1]
+            pairs[request.decision] |= set(zip(after.split(), after.split()[1:]))
+            assert request.decision == "act" or rid not in after
         assert decisions["act"] >= 6 and decisions["refuse"] >= 6, decisions
+        assert not pairs["act"] & pairs["refuse"], pairs["act"] & pairs["refuse"]
     finally:
         env.close()
     for bad, words in (({"read_back": True}, "cancel_grounds"),

@@ -356,17 +356,16 @@ def _cancel(g: _Gen) -> Request:
     paid = sum(p["amount"] for p in r["payment_history"])
     call = Call("cancel_reservation", {"reservation_id": rid})
     text = f"I want to cancel {phrase}. {why_text}"
-    # read_back: the decision opens with the one field it rests on, as the record writes it (see the docstring).
-    lead = (lambda decision: f'"cabin": "{r["cabin"]}" {decision} a cancellation. ') if g.read_back \
-        else (lambda decision: "")
+    if g.read_back:
+        return _read_back_cancel(r, call, text, reads, details, refuse, paid, other)
     if refuse:
         clause = ("its travel insurance does not cover a change of plans" if r["insurance"] == "yes"
                   else "it has no travel insurance")
-        return Request("cancel", text, "refuse", reads=reads + ([] if g.read_back else _statuses(r)),
-                       forbidden_write=call, details=details, communicate=["cannot be cancelled"],
-                       message=lead("does not allow") + f"I'm sorry, but reservation {rid} cannot be cancelled: it "
-                               f"was booked more than 24 hours ago, none of its flights was cancelled by the "
-                               f"airline, it is not in business class, and {clause}.")
+        return Request("cancel", text, "refuse", reads=reads + _statuses(r), forbidden_write=call, details=details,
+                       communicate=["cannot be cancelled"],
+                       message=f"I'm sorry, but reservation {rid} cannot be cancelled: it was booked more than 24 "
+                               f"hours ago, none of its flights was cancelled by the airline, it is not in business "
+                               f"class, and {clause}.")
     because = {"recent": "it was booked less than 24 hours ago",
                "airline": "the airline cancelled one of its flights",
                "business": "it is a business-class reservation",
@@ -374,9 +373,38 @@ def _cancel(g: _Gen) -> Request:
     extra = _statuses(r) if reason == "airline" else []
     wrong = Call("cancel_reservation", {"reservation_id": other["reservation_id"]}) if other else None
     return Request("cancel", text, "act", reads=reads + extra, write=call, wrong_write=wrong, details=details,
-                   message=lead("allows") + f"Reservation {rid} ({r['origin']} to {r['destination']}) can be "
-                           f"cancelled because {because}. I will cancel it and refund {money(paid)} to the original "
-                           f"payment method.",
+                   message=f"Reservation {rid} ({r['origin']} to {r['destination']}) can be cancelled because "
+                           f"{because}. I will cancel it and refund {money(paid)} to the original payment method.",
+                   done_message=f"Reservation {rid} is cancelled; the refund of {money(paid)} will reach the "
+                                f"original payment method within 5 to 7 business days.")
+
+
+def _read_back_cancel(r: dict, call: Call, text: str, reads: list, details: Any, refuse: bool, paid: float,
+                      other: dict | None) -> Request:
+    """A cancellation under ``size.read_back`` (the cabin is the one ground): the decision message opens with the
+    cabin as the record writes it, then the decision, and a refusal reads no flight statuses first.
+
+    The two messages share no pair of consecutive words after the decision word: a 2-layer model carries the
+    previous two tokens into every position (its layer-0 heads) and little else, so a continuation the two
+    messages share ("a cancellation. ", or the reservation id) would forget which decision opened it, and the
+    allowed message went on as a refusal (docs/headline.md, "The decision is not read"). The refusal names no id
+    for the same reason; it says what the task's communicate check needs ("cannot be cancelled").
+    """
+    lead = f'"cabin": "{r["cabin"]}" '
+    rid = r["reservation_id"]
+    if refuse:
+        clause = ("its travel insurance does not cover a change of plans" if r["insurance"] == "yes"
+                  else "it has no travel insurance")
+        return Request("cancel", text, "refuse", reads=reads, forbidden_write=call, details=details,
+                       communicate=["cannot be cancelled"],
+                       message=lead + "does not allow a cancellation. I'm sorry, but this reservation cannot be "
+                               "cancelled: it was booked more than 24 hours ago, none of its flights was cancelled by "
+                               f"the airline, it is not in business class, and {clause}.")
+    wrong = Call("cancel_reservation", {"reservation_id": other["reservation_id"]}) if other else None
+    return Request("cancel", text, "act", reads=reads, write=call, wrong_write=wrong, details=details,
+                   message=lead + f"allows cancelling. Reservation {rid} ({r['origin']} to {r['destination']}) "
+                           f"qualifies as a business-class reservation. I will cancel it and refund {money(paid)} to "
+                           "the original payment method.",
                    done_message=f"Reservation {rid} is cancelled; the refund of {money(paid)} will reach the "
                                 f"original payment method within 5 to 7 business days.")
 
