@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import subprocess
 import sys
 
@@ -234,16 +235,18 @@ def test_read_back_opens_the_decision_with_the_cabin_and_refuses_without_status_
             request = env.unwrapped.task.requests[0]
             rid = (request.write or request.forbidden_write).arguments["reservation_id"]
             cabin = env.unwrapped.db.get("reservations", rid)["cabin"]
-            verdict = "allows cancelling. " if request.decision == "act" else "does not allow a cancellation. "
+            verdict = "allows cancelling, " if request.decision == "act" else "does not allow a cancellation. "
             said = [m["content"] for m in traj["messages"] if m["role"] == "assistant" and not m.get("tool_calls")]
             assert any(m.startswith(f'"cabin": "{cabin}" {verdict}') for m in said), (seed, said)
             calls = [m["tool_calls"][0]["function"]["name"] for m in traj["messages"] if m.get("tool_calls")]
             assert "get_flight_status" not in calls and traj["reward"] == 1.0, (seed, calls, traj["reward_breakdown"])
             decisions[request.decision] += 1
-            # after the decision word, nothing a 2-layer model could confuse with the other decision's message
-            after = next(m for m in said if m.startswith('"cabin"')).split(verdict, 1)[1]
-            pairs[request.decision] |= set(zip(after.split(), after.split()[1:]))
-            assert request.decision == "act" or rid not in after
+            # from the decision word on, no two consecutive words or marks that the other decision's message has:
+            # a 2-layer model would not tell the two continuations apart there; and nothing copied (no id)
+            after = next(m for m in said if m.startswith('"cabin"'))[len(f'"cabin": "{cabin}" '):]
+            words = re.findall(r"\w+|[^\w\s]", after)
+            pairs[request.decision] |= set(zip(words, words[1:]))
+            assert rid not in after, after
         assert decisions["act"] >= 6 and decisions["refuse"] >= 6, decisions
         assert not pairs["act"] & pairs["refuse"], pairs["act"] & pairs["refuse"]
     finally:

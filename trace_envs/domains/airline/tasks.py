@@ -384,11 +384,13 @@ def _read_back_cancel(r: dict, call: Call, text: str, reads: list, details: Any,
     """A cancellation under ``size.read_back`` (the cabin is the one ground): the decision message opens with the
     cabin as the record writes it, then the decision, and a refusal reads no flight statuses first.
 
-    The two messages share no pair of consecutive words after the decision word: a 2-layer model carries the
-    previous two tokens into every position (its layer-0 heads) and little else, so a continuation the two
-    messages share ("a cancellation. ", or the reservation id) would forget which decision opened it, and the
-    allowed message went on as a refusal (docs/headline.md, "The decision is not read"). The refusal names no id
-    for the same reason; it says what the task's communicate check needs ("cannot be cancelled").
+    From the decision word on, the two messages share no pair of consecutive words or punctuation marks: a
+    2-layer model carries the previous two tokens into every position (its layer-0 heads) and little else, so a
+    continuation the two messages share (". I", "a cancellation. ") forgets which decision opened it; the allowed
+    message went on as a refusal. Neither message copies anything after the decision (no id, no amount): the copy
+    after "Reservation " failed there (docs/headline.md, "The decision is not read"). The refusal says what the
+    task's communicate check needs ("cannot be cancelled"); the allowed one ends with the oracle's confirmation
+    question, and the done message after the write names the id and the refund, read from the write's result.
     """
     lead = f'"cabin": "{r["cabin"]}" '
     rid = r["reservation_id"]
@@ -402,9 +404,7 @@ def _read_back_cancel(r: dict, call: Call, text: str, reads: list, details: Any,
                                f"the airline, it is not in business class, and {clause}.")
     wrong = Call("cancel_reservation", {"reservation_id": other["reservation_id"]}) if other else None
     return Request("cancel", text, "act", reads=reads, write=call, wrong_write=wrong, details=details,
-                   message=lead + f"allows cancelling. Reservation {rid} ({r['origin']} to {r['destination']}) "
-                           f"qualifies as a business-class reservation. I will cancel it and refund {money(paid)} to "
-                           "the original payment method.",
+                   message=lead + "allows cancelling, so your business-class booking qualifies for a full refund.",
                    done_message=f"Reservation {rid} is cancelled; the refund of {money(paid)} will reach the "
                                 f"original payment method within 5 to 7 business days.")
 
