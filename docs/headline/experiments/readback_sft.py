@@ -15,6 +15,13 @@ the oracle's own. A LoRA (r 16 on attention, as the train stage's) is fitted by 
 rewritten episodes, and the model, given each validation episode's history up to the record, writes the
 decision message greedily; it is right when it takes the oracle's decision (and, with the read-back, copies the
 cabin right).
+
+It judges the read-back sentence alone (up to "a cancellation."), not the message after it, and its messages are
+the first form of the read-back. In the recipe that form failed after the sentence (the allowed message went on
+as a refusal); the airline target's ``size.read_back`` now writes messages that differ at every token from the
+decision word on. The experiment that judges whole episodes is two commands (docs/headline.md, "The read-back in
+the recipe"): ``trace train --sft`` on the run's precondition env, then ``trace rollout --adapter`` on its
+validation seeds.
 """
 
 from __future__ import annotations

@@ -44,9 +44,10 @@ decision rest on one field of the reservation read (its cabin; refusals are neve
 grounds need a date difference, the flights' statuses and the reason set against the insurance. With
 ``cancel_grounds: ["business"]``, ``read_back: true`` makes the cancellation's decision message open with that
 field as the record writes it, then the decision (``"cabin": "economy" does not allow a cancellation. I'm sorry,
-…``), and a refusal reads no flight statuses first (they cannot change it): the decision comes right after the
-record and right after the value it rests on, where a small model's copy circuit brings it (docs/headline.md,
-"The decision is not read").
+…``; ``"cabin": "business" allows cancelling, so …``), and a refusal reads no flight statuses first (they cannot
+change it): the decision comes right after the record and right after the value it rests on, where a small
+model's copy circuit brings it, and the two messages never meet again (docs/headline.md, "The decision is not
+read" and "The read-back in the recipe").
 """
 
 from __future__ import annotations
