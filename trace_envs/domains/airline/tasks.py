@@ -389,7 +389,7 @@ def _read_back_cancel(r: dict, call: Call, text: str, reads: list, details: Any,
     2-layer model carries the previous two tokens into every position (its layer-0 heads) and little else, so a
     continuation the two messages share (". I", "a cancellation. ") forgets which decision opened it; the allowed
     message went on as a refusal. Neither message copies anything after the decision (no id, no amount): the copy
-    after "Reservation " failed there (docs/headline.md, "The decision is not read"). The refusal says what the
+    after "Reservation " failed there (docs/headline.md, "The read-back in the recipe"). The refusal says what the
     task's communicate check needs ("cannot be cancelled"); the allowed one ends with the oracle's confirmation
     question, and the done message after the write names the id and the refund, read from the write's result.
     """
