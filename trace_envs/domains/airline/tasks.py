@@ -357,57 +357,48 @@ def _cancel(g: _Gen) -> Request:
     paid = sum(p["amount"] for p in r["payment_history"])
     call = Call("cancel_reservation", {"reservation_id": rid})
     text = f"I want to cancel {phrase}. {why_text}"
-    if g.read_back:
-        return _read_back_cancel(r, call, text, reads, details, refuse, paid, other)
     if refuse:
         clause = ("its travel insurance does not cover a change of plans" if r["insurance"] == "yes"
                   else "it has no travel insurance")
-        return Request("cancel", text, "refuse", reads=reads + _statuses(r), forbidden_write=call, details=details,
-                       communicate=["cannot be cancelled"],
-                       message=f"I'm sorry, but reservation {rid} cannot be cancelled: it was booked more than 24 "
-                               f"hours ago, none of its flights was cancelled by the airline, it is not in business "
-                               f"class, and {clause}.")
+        message = _read_back_message(r["cabin"], "refuse", clause) if g.read_back else \
+            (f"I'm sorry, but reservation {rid} cannot be cancelled: it was booked more than 24 hours ago, none of its "
+             f"flights was cancelled by the airline, it is not in business class, and {clause}.")
+        # read_back: the cabin is the one ground, so the flights' statuses cannot change the refusal
+        return Request("cancel", text, "refuse", reads=reads + ([] if g.read_back else _statuses(r)),
+                       forbidden_write=call, details=details, communicate=["cannot be cancelled"], message=message)
     because = {"recent": "it was booked less than 24 hours ago",
                "airline": "the airline cancelled one of its flights",
                "business": "it is a business-class reservation",
                "insured": "its travel insurance covers your reason"}[reason]
     extra = _statuses(r) if reason == "airline" else []
     wrong = Call("cancel_reservation", {"reservation_id": other["reservation_id"]}) if other else None
+    message = _read_back_message(r["cabin"], "act") if g.read_back else \
+        (f"Reservation {rid} ({r['origin']} to {r['destination']}) can be cancelled because {because}. I will cancel "
+         f"it and refund {money(paid)} to the original payment method.")
     return Request("cancel", text, "act", reads=reads + extra, write=call, wrong_write=wrong, details=details,
-                   message=f"Reservation {rid} ({r['origin']} to {r['destination']}) can be cancelled because "
-                           f"{because}. I will cancel it and refund {money(paid)} to the original payment method.",
+                   message=message,
                    done_message=f"Reservation {rid} is cancelled; the refund of {money(paid)} will reach the "
                                 f"original payment method within 5 to 7 business days.")
 
 
-def _read_back_cancel(r: dict, call: Call, text: str, reads: list, details: Any, refuse: bool, paid: float,
-                      other: dict | None) -> Request:
-    """A cancellation under ``size.read_back`` (the cabin is the one ground): the decision message opens with the
-    cabin as the record writes it, then the decision, and a refusal reads no flight statuses first.
+def _read_back_message(cabin: str, decision: str, clause: str = "") -> str:
+    """The cancellation's decision message under ``size.read_back``: the cabin as the record writes it, then the
+    decision.
 
     From the decision word on, the two messages share no pair of consecutive words or punctuation marks: a
     2-layer model carries the previous two tokens into every position (its layer-0 heads) and little else, so a
     continuation the two messages share (". I", "a cancellation. ") forgets which decision opened it; the allowed
     message went on as a refusal. Neither message copies anything after the decision (no id, no amount): the copy
     after "Reservation " failed there (docs/headline.md, "The read-back in the recipe"). The refusal says what the
-    task's communicate check needs ("cannot be cancelled"); the allowed one ends with the oracle's confirmation
+    task's communicate check needs ("cannot be cancelled"); the allowed one is followed by the oracle's confirmation
     question, and the done message after the write names the id and the refund, read from the write's result.
     """
-    lead = f'"cabin": "{r["cabin"]}" '
-    rid = r["reservation_id"]
-    if refuse:
-        clause = ("its travel insurance does not cover a change of plans" if r["insurance"] == "yes"
-                  else "it has no travel insurance")
-        return Request("cancel", text, "refuse", reads=reads, forbidden_write=call, details=details,
-                       communicate=["cannot be cancelled"],
-                       message=lead + "does not allow a cancellation. I'm sorry, but this reservation cannot be "
-                               "cancelled: it was booked more than 24 hours ago, none of its flights was cancelled by "
-                               f"the airline, it is not in business class, and {clause}.")
-    wrong = Call("cancel_reservation", {"reservation_id": other["reservation_id"]}) if other else None
-    return Request("cancel", text, "act", reads=reads, write=call, wrong_write=wrong, details=details,
-                   message=lead + "allows cancelling, so your business-class booking qualifies for a full refund.",
-                   done_message=f"Reservation {rid} is cancelled; the refund of {money(paid)} will reach the "
-                                f"original payment method within 5 to 7 business days.")
+    lead = f'"cabin": "{cabin}" '
+    if decision == "refuse":
+        return lead + ("does not allow a cancellation. I'm sorry, but this reservation cannot be cancelled: it was "
+                       "booked more than 24 hours ago, none of its flights was cancelled by the airline, it is not in "
+                       f"business class, and {clause}.")
+    return lead + "allows cancelling, so your business-class booking qualifies for a full refund."
 
 
 def _flight_change(g: _Gen) -> Request:
