@@ -175,3 +175,56 @@ def test_label_from_the_first_observation_leaves_the_tokens_before_it_out_of_the
     assert float(by_hand) != pytest.approx(float(everything), rel=1e-3)
     with pytest.raises(ComposeError, match="label_from"):
         RouterTrainConfig(label_from="middle")
+
+
+def test_gate_inputs_are_what_the_gates_read(setup, model):
+    base, _, _ = setup
+    ids = tokens(base, batch=1, seq=20, seed=60)[0].tolist()
+    inputs = model.gate_inputs(ids, None)
+    with torch.no_grad(), model.recording(logits=True, choices=False) as routers:
+        model(input_ids=torch.tensor([ids]))
+        for gate, x, r in zip(model.gates, inputs, routers):
+            assert torch.allclose(gate(x), r.logits[0].float(), atol=1e-5)
+    # Forced to one adapter, the later blocks read another residual stream (the adapter's), the first the same.
+    forced = model.gate_inputs(ids, 1)
+    assert torch.allclose(forced[0], model.gate_inputs(ids, 2)[0])
+    assert not torch.allclose(forced[-1], model.gate_inputs(ids, 2)[-1])
+
+
+def test_the_prefit_routes_each_labelled_episode_to_its_adapter_where_a_few_joint_steps_do_not(setup):
+    """Two kinds of episode that differ only in their opening tokens (what the conversation is about), each
+    labelled with its own adapter from the first observation on."""
+    base, adapters, _ = setup
+    from trace_train.compose.data import EncodedTrajectory
+    from trace_train.compose.train import RouterTrainConfig, train_router
+
+    def episode(kind, seed):
+        ids = tokens(base, batch=1, seq=40, seed=seed)[0]
+        ids[:8] = 11 if kind == 1 else 17  # the request
+        return EncodedTrajectory(ids.tolist(), [True] * 40, ["assistant"] * 40, f"env{kind}", kind,
+                                 first_observation=8)
+
+    train = [episode(1 + s % 2, 70 + s) for s in range(8)]
+    held_out = [episode(1 + s % 2, 90 + s) for s in range(6)]
+
+    def share_on_label(m):
+        right = total = 0
+        with torch.no_grad(), m.recording(choices=True) as routers:
+            for ep in held_out:
+                m(input_ids=torch.tensor([ep.ids]))
+                picks = torch.stack([r.choice[0, ep.first_observation:] for r in routers])
+                right += int((picks == ep.slot).sum())
+                total += picks.numel()
+        return right / total
+
+    joint_only = ComposedModel.build(base, adapters, gate_input="context")
+    train_router(joint_only, train, RouterTrainConfig(epochs=1, accumulate=2, label_from="first_observation"),
+                 progress=False)
+    prefit = ComposedModel.build(base, adapters, gate_input="context")
+    train_router(prefit, train, RouterTrainConfig(epochs=1, accumulate=2, label_from="first_observation",
+                                                  prefit_steps=200), progress=False)
+    assert share_on_label(prefit) > 0.9
+    assert share_on_label(joint_only) < 0.5
+    assert prefit.spec.training["prefit"]["label_last"] < prefit.spec.training["prefit"]["label_first"]
+    with pytest.raises(ComposeError, match="prefit"):
+        RouterTrainConfig(prefit_steps=-1)

@@ -43,7 +43,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -110,6 +110,7 @@ class BlockRouter:
         # Context gates: running (sum of normalised inputs, count, length) of each row of the sequence in progress.
         self.context_state: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self.raw_context: torch.Tensor | None = None  # the uncentred context, kept while owner.capture_context
+        self.raw_input: torch.Tensor | None = None  # what the gate read (B, T, width), kept while owner.capture_inputs
 
     def context(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         """The causal mean of the normalised block inputs up to each token (``x``: (B, T, hidden), normalised).
@@ -145,12 +146,24 @@ class BlockRouter:
             self.raw_context = mean.detach()
         return _rms(mean - self.owner.context_centers[self.index].to(x.dtype))
 
+    def gate_input(self, hidden: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """What the gate reads at each token: the block input, and for context gates its centred causal mean."""
+        # The gate reads the block's input RMS-normalised (no parameters): the residual stream's scale
+        # grows with depth and differs between models, and a scale-free input gives every block's gate
+        # the same effective learning rate.
+        x = _rms(hidden.float())
+        if self.owner.gate_input == "context":
+            x = torch.cat([x, self.context(x, cache)], dim=-1)
+        return x
+
     def route(self, hidden: torch.Tensor, cache: Any = None) -> None:
         owner = self.owner
         batch, seq = hidden.shape[:2]
         n = batch * seq
         forced = owner.forced
         if forced is not None:
+            if owner.capture_inputs:  # what the gates would read under this routing (train.prefit_gates)
+                self.raw_input = self.gate_input(hidden, cache).detach()
             slots = _forced_slots(forced, batch, seq, hidden.device)
             weights = torch.ones(n, 1, device=hidden.device, dtype=hidden.dtype)
             self.logits = None
@@ -158,12 +171,9 @@ class BlockRouter:
                 self.choice = slots.view(batch, seq)
             self.dispatch = _dispatch(slots.view(n, 1), weights, owner.num_experts, owner.small_step_tokens)
             return
-        # The gate reads the block's input RMS-normalised (no parameters): the residual stream's scale
-        # grows with depth and differs between models, and a scale-free input gives every block's gate
-        # the same effective learning rate.
-        x = _rms(hidden.float())
-        if owner.gate_input == "context":
-            x = torch.cat([x, self.context(x, cache)], dim=-1)
+        x = self.gate_input(hidden, cache)
+        if owner.capture_inputs:
+            self.raw_input = x.detach()
         logits = self.gate(x.to(self.gate.weight.dtype))
         self.logits = logits if owner.keep_logits else None
         probs = torch.softmax(logits.float(), dim=-1).to(hidden.dtype).reshape(n, -1)
@@ -371,6 +381,7 @@ class ComposedModel(nn.Module):
         self.small_step_tokens = 16
         self.token_mask: torch.Tensor | None = None  # the attention mask of the forward/generate in progress
         self.capture_context = False  # keep each block's uncentred context (fit_context_centers)
+        self.capture_inputs = False  # keep each block's gate input (gate_inputs)
         for p in model.parameters():
             p.requires_grad_(False)
         blocks = _decoder_layers(model)
@@ -630,6 +641,21 @@ class ComposedModel(nn.Module):
                 router.raw_context = None
         if count:
             self.context_centers.copy_(sums / count)
+
+    @torch.no_grad()
+    def gate_inputs(self, ids: Sequence[int], slot: int | None) -> list[torch.Tensor]:
+        """What each block's gate reads at every token of ``ids`` (one ``(T, width)`` tensor per block) while the
+        sequence is routed to ``slot`` (``None``: by the gates as they are). Context gates use the fitted centres."""
+        device = self.context_centers.device
+        self.capture_inputs = True
+        try:
+            with self.force_routing(slot):
+                self(input_ids=torch.tensor([list(ids)], device=device), use_cache=False)
+            return [router.raw_input[0].float() for router in self.routers]
+        finally:
+            self.capture_inputs = False
+            for router in self.routers:
+                router.raw_input = None
 
     def gate_parameters(self) -> list[nn.Parameter]:
         return [p for g in self.gates for p in g.parameters()]

@@ -44,6 +44,13 @@ class RouterTrainConfig:
         accumulate: episodes per optimizer step (each episode is one sequence, without padding).
         max_grad_norm: gradient clipping of the gate parameters.
         seed: shuffling seed.
+        prefit_steps: full-batch steps of the label loss alone before the joint training (0: none; see
+            :func:`prefit_gates`). Each block's gate is fitted on what it reads while every episode is routed
+            to its own adapter, the routing the label loss asks for.
+        prefit_lr: AdamW learning rate of the pre-fit.
+        prefit_rounds: reads of the gate inputs in the pre-fit: the first with every episode routed to its own
+            adapter, each later one with the gates routing as the previous round left them (a later block reads
+            the stream that the earlier blocks' choices made, the system prompt's included).
     """
 
     epochs: int = 3
@@ -55,6 +62,9 @@ class RouterTrainConfig:
     accumulate: int = 4
     max_grad_norm: float = 1.0
     seed: int = 0
+    prefit_steps: int = 0
+    prefit_lr: float = 0.01
+    prefit_rounds: int = 2
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -67,6 +77,9 @@ class RouterTrainConfig:
             raise ComposeError(f"label_from must be 'start' or 'first_observation', got {self.label_from!r}")
         if self.accumulate < 1:
             raise ComposeError(f"accumulate must be >= 1, got {self.accumulate}")
+        if self.prefit_steps < 0 or not self.prefit_lr > 0 or self.prefit_rounds < 1:
+            raise ComposeError(f"prefit_steps must be >= 0, prefit_lr > 0 and prefit_rounds >= 1, got "
+                               f"{self.prefit_steps}, {self.prefit_lr}, {self.prefit_rounds}")
 
 
 def load_balance_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -102,6 +115,62 @@ def episode_loss(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainCo
     return out
 
 
+def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cfg: RouterTrainConfig,
+                 progress: bool = True) -> list[dict]:
+    """Fit each block's gate to the episodes' labels alone, full-batch, before the joint training.
+
+    The joint loss reaches the gates a few episodes at a time: every step pushes the shared direction toward the
+    adapter its episodes came from, and with a few dozen steps the gates swing instead of settling (measured on
+    the planted recipe: docs/headline.md, "The router did not learn its own data"). Here every labelled
+    episode is routed to its own adapter (the routing the label loss asks for), each block's gate input is read
+    once, and the gates are fitted on all of it at once (each episode weighing the same, whatever its length),
+    ``cfg.prefit_steps`` AdamW steps at ``cfg.prefit_lr``. Each later round (``cfg.prefit_rounds``) reads the
+    inputs again with the gates routing, and refits. Returns one log row per 10 steps (round, label loss).
+    """
+    labelled = [ep for ep in episodes if ep.slot is not None]
+    if not labelled or cfg.prefit_steps == 0:
+        return []
+    device = next(model.gates.parameters()).device
+    labels, weights, starts = [], [], []
+    for ep in labelled:
+        start = min(ep.first_observation if cfg.label_from == "first_observation" else 0, len(ep.ids) - 1)
+        n = len(ep.ids) - start
+        starts.append(start)
+        labels.append(torch.full((n,), ep.slot, dtype=torch.long))
+        weights.append(torch.full((n,), 1.0 / n))
+    y, w = torch.cat(labels).to(device), torch.cat(weights).to(device)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.prefit_rounds * cfg.prefit_steps, desc="router pre-fit", unit="step")
+    log: list[dict] = []
+    try:
+        for round_ in range(cfg.prefit_rounds):
+            per_block: list[list[torch.Tensor]] = [[] for _ in model.gates]
+            for ep, start in zip(labelled, starts):
+                for block, x in enumerate(model.gate_inputs(ep.ids, ep.slot if round_ == 0 else None)):
+                    per_block[block].append(x[start:])
+            inputs = [torch.cat(xs).to(device) for xs in per_block]
+            opt = torch.optim.AdamW(model.gate_parameters(), lr=cfg.prefit_lr, weight_decay=cfg.weight_decay)
+            for step in range(cfg.prefit_steps):
+                losses = [(torch.nn.functional.cross_entropy(gate(x.to(gate.weight.dtype)).float(), y,
+                                                             reduction="none") * w).sum() / w.sum()
+                          for gate, x in zip(model.gates, inputs)]
+                loss = torch.stack(losses).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if step % 10 == 0 or step == cfg.prefit_steps - 1:
+                    log.append({"round": round_ + 1, "prefit_step": step + 1, "label": round(float(loss.detach()), 6)})
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return log
+
+
 def train_router(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cfg: RouterTrainConfig | None = None,
                  progress: bool = True) -> list[dict]:
     """Train the gates in place; returns one log row per optimizer step (losses, epoch)."""
@@ -111,6 +180,7 @@ def train_router(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
                            "success=true (e.g. `trace rollout` of each capability adapter on its env)")
     # Context gates read their context centred on this data's mean (a statistic, fixed before training).
     model.fit_context_centers(ep.ids for ep in episodes)
+    prefit = prefit_gates(model, episodes, cfg, progress=progress)
     params = model.gate_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
@@ -147,7 +217,12 @@ def train_router(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
         if bar is not None:
             bar.close()
     model.spec.training = {"config": asdict(cfg), "episodes": len(episodes), "steps": len(log),
-                           "final": log[-1] if log else None}
+                           "final": log[-1] if log else None,
+                           "prefit": {"steps": cfg.prefit_steps, "rounds": cfg.prefit_rounds,
+                                      "label_first": prefit[0]["label"], "label_last": prefit[-1]["label"],
+                                      "label_last_per_round": [r["label"] for r in prefit
+                                                               if r["prefit_step"] == cfg.prefit_steps]}
+                           if prefit else None}
     return log
 
 
