@@ -120,6 +120,8 @@ def test_cli_errors_are_one_line_and_lose_nothing(run, tmp_path, capsys):
     assert "no such trajectory file" in capsys.readouterr().err
     assert main(args + ["--data", str(failed_only), "--baselines", "soup"]) == 2
     assert "unknown baselines" in capsys.readouterr().err
+    assert main(args + ["--data", str(run["data"]), "--prefit-steps", "-1"]) == 2
+    assert "prefit_steps must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--load-balance-coef", type=float, default=0.001, help="Switch balancing weight (default: 0.001)")
     p.add_argument("--label-coef", type=float, default=0.5, help="label loss weight (default: 0.5; 0 = off)")
     p.add_argument("--accumulate", type=int, default=4, help="episodes per optimizer step (default: 4)")
+    p.add_argument("--prefit-steps", type=int, default=0,
+                   help="full-batch steps fitting the gates to the labels before the joint training "
+                        "(default: 0 = none; 300 on the tiny CPU models, see docs/compose.md)")
     p.add_argument("--adapter-env", action="append", default=[], metavar="NAME=ENV_ID",
                    help="label ENV_ID's episodes with adapter NAME (repeatable)")
     p.add_argument("--base-env", action="append", default=[], metavar="ENV_ID",
@@ -72,7 +75,8 @@ def cmd_compose(args) -> int:
         adapter_envs.setdefault(name, []).append(env)
     try:
         cfg = RouterTrainConfig(epochs=args.epochs, lr=args.lr, load_balance_coef=args.load_balance_coef,
-                                label_coef=args.label_coef, accumulate=args.accumulate)
+                                label_coef=args.label_coef, accumulate=args.accumulate,
+                                prefit_steps=args.prefit_steps)
         result = compose(args.base, args.adapters, args.data, args.out, top_k=args.top_k, train=cfg,
                          adapter_envs=adapter_envs or None, baselines=args.baselines, min_reward=args.min_reward,
                          max_length=args.max_length, stats_episodes=args.stats_episodes,
