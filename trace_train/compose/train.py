@@ -126,6 +126,9 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
     once, and the gates are fitted on all of it at once (each episode weighing the same, whatever its length),
     ``cfg.prefit_steps`` AdamW steps at ``cfg.prefit_lr``. Each later round (``cfg.prefit_rounds``) reads the
     inputs again with the gates routing, and refits. Returns one log row per 10 steps (round, label loss).
+
+    It holds every labelled token's gate input of every block in memory (tokens × width floats per block): made
+    for router sets the size of the CPU recipes' (16 episodes, ~20k tokens); a large model's would need sampling.
     """
     labelled = [ep for ep in episodes if ep.slot is not None]
     if not labelled or cfg.prefit_steps == 0:
