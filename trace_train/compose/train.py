@@ -90,6 +90,11 @@ def load_balance_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return probs.shape[-1] * (f * probs.mean(0)).sum()
 
 
+def label_start(ep: EncodedTrajectory, cfg: RouterTrainConfig) -> int:
+    """The first token the label loss covers (``cfg.label_from``), at most the episode's last token."""
+    return min(ep.first_observation if cfg.label_from == "first_observation" else 0, len(ep.ids) - 1)
+
+
 def episode_loss(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainConfig) -> dict[str, torch.Tensor]:
     """The three losses of one episode (the total under ``"loss"``)."""
     device = next(model.gates.parameters()).device
@@ -104,8 +109,7 @@ def episode_loss(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainCo
     total = next_token + cfg.load_balance_coef * balance
     out = {"next_token": next_token.detach(), "load_balance": balance.detach()}
     if cfg.label_coef > 0 and ep.slot is not None:
-        start = ep.first_observation if cfg.label_from == "first_observation" else 0
-        start = min(start, len(ep.ids) - 1)
+        start = label_start(ep, cfg)
         label = torch.full((len(ep.ids) - start,), ep.slot, device=device)
         label_loss = torch.stack([torch.nn.functional.cross_entropy(g[start:].float(), label)
                                   for g in gate_logits]).mean()
@@ -136,7 +140,7 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
     device = next(model.gates.parameters()).device
     labels, weights, starts = [], [], []
     for ep in labelled:
-        start = min(ep.first_observation if cfg.label_from == "first_observation" else 0, len(ep.ids) - 1)
+        start = label_start(ep, cfg)
         n = len(ep.ids) - start
         starts.append(start)
         labels.append(torch.full((n,), ep.slot, dtype=torch.long))

@@ -29,13 +29,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_train.compose.data import encode
+from trace_train.compose.model import _rms as rms  # the gates' own normalisation
 
 FAMILY_SLOT = {"cancel": 1, "flight_status": 2}  # slots as the planted run's compose stage orders the adapters
 ROUTER_DATA = ("precondition_verification", "structured_data_reasoning")
-
-
-def rms(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 def features(model, tokenizer, record: dict, slot: int, block: int):

@@ -131,8 +131,9 @@ def estimate_compose(ctx) -> tuple[float | None, str]:
     k = len(_adapters(ctx)) or ctx.cfg.diagnose.max_capabilities
     router = router_config((c.options or {}).get("train")) or RouterTrainConfig()
     steps = router.epochs * math.ceil(k * c.router_seeds / router.accumulate)
-    # The pre-fit reads each episode once without gradients: about a third of a step's work per episode.
-    prefit = math.ceil(k * c.router_seeds / (3 * router.accumulate)) if router.prefit_steps else 0
+    # The pre-fit reads each episode once per round without gradients: about a third of a step's work per episode.
+    prefit = (math.ceil(router.prefit_rounds * k * c.router_seeds / (3 * router.accumulate))
+              if router.prefit_steps else 0)
     return (SECONDS_PER_ROUTER_RUN_TINY + max(0, steps + prefit - 12) * SECONDS_PER_ROUTER_STEP_TINY
             + 10 * len(c.merges) + k * c.router_seeds * SECONDS_PER_SCRIPTED_EPISODE,
             f"router over {k} adapters ({steps} steps" + (", after a label pre-fit" if prefit else "") + f"), "
