@@ -332,3 +332,77 @@ def test_an_adapter_whose_update_is_zero_is_told_from_a_trained_one(setup, tmp_p
     fresh.save_pretrained(str(tmp_path / "moved"))
     assert not adapter_update_is_zero(tmp_path / "moved")
     assert not adapter_update_is_zero(tmp_path)  # no adapter weights at all: not known to be zero
+
+
+def _chat_ids(base) -> torch.Tensor:
+    tok = AutoTokenizer.from_pretrained(base)
+    text = ("<|im_start|>system\nYou are an airline agent.<|im_end|>\n<|im_start|>user\nCancel reservation ABC123."
+            "<|im_end|>\n<|im_start|>assistant\nLet me look it up.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    return tok(text, return_tensors="pt").input_ids
+
+
+def test_segment_routing_holds_each_messages_first_choice(setup, tmp_path):
+    """routing="segment": every token of a chat message takes the slot (and weight) its block's gate chose at the
+    message's ``<|im_start|>``; with ``gate_weight="one"`` that is exactly base + the held adapter, token for token.
+    Decoding under generate's cache continues the open message's choice, so generated tokens carry the assistant
+    header's slot and the whole sequence forward again routes them the same; the setting survives save and load."""
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters, gate_weight="one")
+    scramble_gates(model, seed=5)
+    ids = _chat_ids(base)
+    start_id = AutoTokenizer.from_pretrained(base).convert_tokens_to_ids("<|im_start|>")
+    starts = (ids[0] == start_id).nonzero().flatten().tolist()
+    assert starts[0] == 0 and len(starts) == 5
+    segment = torch.tensor([max(s for s in starts if s <= t) for t in range(ids.shape[1])])
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        model(input_ids=ids)
+        per_token = [r.choice[0].clone() for r in routers]
+    assert any(len(set(c[segment == s].tolist())) > 1 for c in per_token for s in starts)  # the gates do vary
+    model.routing = "segment"
+    assert model.segment_token_id == start_id and model.stateful_routing
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        got = model(input_ids=ids).logits
+        held = [r.choice[0].clone() for r in routers]
+    # The first block reads the same inputs either way: each token gets its message start's per-token choice.
+    # Later blocks read the stream the held choices made; their choice too is constant over each message.
+    assert torch.equal(held[0], per_token[0][segment])
+    for c_held in held:
+        assert torch.equal(c_held, c_held[segment])
+    # gate_weight "one", top-1: the held slot's whole update, i.e. forced per-token routing to those slots (the
+    # blocks' held choices differ, so force block by block is not possible; compare the first block's projection).
+    blocks = model.model.model.layers
+    seen = {}
+    hook = blocks[0].self_attn.q_proj.register_forward_hook(lambda m, a, o: seen.setdefault("q", o.detach()))
+    with torch.no_grad():
+        model(input_ids=ids)
+    hook.remove()
+    q = blocks[0].self_attn.q_proj
+    x = model.model.model.layers[0].input_layernorm(model.model.model.embed_tokens(ids))[0]
+    expected = q.base(x) + torch.stack([q.expert_delta(x[t], int(held[0][t]) - 1) if held[0][t] else
+                                        torch.zeros(q.base.out_features) for t in range(ids.shape[1])])
+    assert torch.allclose(seen["q"][0], expected, atol=1e-5, rtol=0)
+
+    tok = AutoTokenizer.from_pretrained(base)
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        out = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id,
+                             eos_token_id=None)
+    assert out.shape[1] == ids.shape[1] + 10
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        full = model(input_ids=out).logits
+        again = [r.choice[0].clone() for r in routers]
+    for c_before, c_again in zip(held, again):
+        assert torch.equal(c_again[:ids.shape[1]], c_before)
+        assert set(c_again[starts[-1]:].tolist()) == {int(c_before[starts[-1]])}  # generated: the header's choice
+    assert torch.allclose(full[:, :ids.shape[1]], got, atol=1e-5, rtol=0)
+    # greedy under the cache = greedy of the uncached forward (the hold carried over the decoding steps)
+    assert torch.equal(full[0, ids.shape[1] - 1:-1].argmax(-1), out[0, ids.shape[1]:])
+
+    saved = model.save_pretrained(tmp_path / "segment")
+    assert json.loads((saved / "compose.json").read_text())["routing"] == "segment"
+    loaded = ComposedModel.from_pretrained(saved)
+    assert loaded.routing == "segment" and loaded.segment_token_id == start_id
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, got)
+    with pytest.raises(ComposeError, match="routing must be one of"):
+        loaded.routing = "message"

@@ -228,3 +228,39 @@ def test_the_prefit_routes_each_labelled_episode_to_its_adapter_where_a_few_join
     assert prefit.spec.training["prefit"]["label_last"] < prefit.spec.training["prefit"]["label_first"]
     with pytest.raises(ComposeError, match="prefit"):
         RouterTrainConfig(prefit_steps=-1)
+
+
+def test_under_segment_routing_the_labels_cover_the_deciding_tokens_and_the_prefit_routes_whole_messages(setup):
+    """Segment routing decides at each message's ``<|im_start|>``: the label loss and the pre-fit cover those tokens
+    (from the first observation on) and nothing else, and after the pre-fit every held-out message after the
+    first observation goes, whole, to its episode's adapter."""
+    base, adapters, _ = setup
+    from transformers import AutoTokenizer
+
+    from trace_train.compose.data import EncodedTrajectory
+    from trace_train.compose.train import RouterTrainConfig, label_positions, train_router
+
+    start_id = AutoTokenizer.from_pretrained(base).convert_tokens_to_ids("<|im_start|>")
+
+    def episode(kind, seed):
+        ids = tokens(base, batch=1, seq=48, seed=seed)[0]
+        ids[ids == start_id] = 5
+        ids[:8] = 11 if kind == 1 else 17  # the request
+        ids[[0, 12, 24, 36]] = start_id  # four messages
+        return EncodedTrajectory(ids.tolist(), [True] * 48, ["assistant"] * 48, f"env{kind}", kind,
+                                 first_observation=8)
+
+    train = [episode(1 + s % 2, 70 + s) for s in range(8)]
+    held_out = [episode(1 + s % 2, 90 + s) for s in range(6)]
+    cfg = RouterTrainConfig(epochs=1, accumulate=2, label_from="first_observation", prefit_steps=200)
+    model = ComposedModel.build(base, adapters, gate_input="context")
+    assert label_positions(model, train[0], cfg).tolist() == list(range(8, 48))
+    model.routing = "segment"
+    assert label_positions(model, train[0], cfg).tolist() == [12, 24, 36]
+    train_router(model, train, cfg, progress=False)
+    assert model.spec.training["prefit"]["label_last"] < model.spec.training["prefit"]["label_first"]
+    with torch.no_grad(), model.recording(choices=True) as routers:
+        for ep in held_out:
+            model(input_ids=torch.tensor([ep.ids]))
+            for r in routers:
+                assert r.choice[0, 12:].tolist() == [ep.slot] * 36

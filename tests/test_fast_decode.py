@@ -147,16 +147,19 @@ def _lora(model, seed=0):
     return peft_model
 
 
-@pytest.mark.parametrize("top_k, gate_input, gate_weight", [(1, "token", "prob"), (2, "token", "prob"),
-                                                           (1, "context", "prob"), (1, "context", "one"),
-                                                           (2, "token", "one")])
-def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_input, gate_weight):
+@pytest.mark.parametrize("top_k, gate_input, gate_weight, routing", [
+    (1, "token", "prob", "token"), (2, "token", "prob", "token"), (1, "context", "prob", "token"),
+    (1, "context", "one", "token"), (2, "token", "one", "token"), (1, "context", "prob", "segment"),
+    (1, "token", "one", "segment")])
+def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_input, gate_weight, routing):
     """A token-level MoE (two LoRA experts, gates that send tokens to every slot) on the fast path: the tokens
     of its own ``generate``, except at a float-rounding tie, as for the plain model. With context gates (each
     gate also reads the centred running mean of its block's inputs) the loop carries each row's running sums
     through the shared prefix, the row's own prompt and every generated token; a second turn re-encodes its
     prompt after the shared prefix (the store keeps no sums) and still decodes like ``generate``. With
-    ``gate_weight="one"`` the chosen slots' weights are renormalised (top-1: the whole update) on both paths."""
+    ``gate_weight="one"`` the chosen slots' weights are renormalised (top-1: the whole update) on both paths. With
+    segment routing each message keeps the choice made at its first token, through the shared prefix, the row's
+    prompt and the generated tokens (which continue the assistant header's message), and the store is off."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -190,15 +193,25 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
     used = set(torch.cat([r.choice.flatten() for r in composed.routers]).tolist())
     composed.keep_choices = False
     assert used == {0, 1, 2}, used
+    if routing == "segment":  # the same gates, their choices held per message
+        composed.routing = routing
+        composed.keep_choices = True
+        with torch.no_grad():
+            composed(input_ids=torch.tensor([prompts[0]]))
+        held = [r.choice[0] for r in composed.routers]
+        composed.keep_choices = False
+        assert any(int(c.max()) > 0 for c in held)  # adapters are held, not only the base
+        if gate_input == "context":  # messages differ in their slot (a token gate reads the same <|im_start|>)
+            assert any(len(set(c.tolist())) > 1 for c in held)
     decoder = FastDecoder(composed)
     got = [g.tokens for g in decoder.generate(prompts, 16, eos)]
     want = [_generate_reference(composed, p, eos, 16) for p in prompts]
     assert _same_but_ties(composed, prompts, got, want) >= 6
-    if gate_input == "context":  # a second turn over the first: the same decoder, longer prompts
+    if gate_input == "context" or routing == "segment":  # a second turn: the same decoder, longer prompts
         nxt = [p + w + tok("<|im_end|>\n<|im_start|>user\nPlease go on.<|im_end|>\n<|im_start|>assistant\n",
                               add_special_tokens=False)["input_ids"] for p, w in zip(prompts, want)]
         got = [g.tokens for g in decoder.generate(nxt, 16, eos)]
-        assert not decoder.store.entries  # no keys/values kept between turns: their running sums are not stored
+        assert not decoder.store.entries  # no keys/values kept between turns: their sums/holds are not stored
         want = [_generate_reference(composed, p, eos, 16) for p in nxt]
         assert _same_but_ties(composed, nxt, got, want) >= 6
     with composed.force_routing(1):  # forced (per-episode) routing keeps generate()

@@ -46,6 +46,8 @@ def _write(tmp_path, text: str):
     ("compose: {drop_unimproved: true}", "compose.drop_unimproved reads checkpoint selection's validation curves"),
     ("compose: {drop_unimproved: 'yes'}", "compose.drop_unimproved must be bool, got 'yes'"),
     ("compose: {options: {gate_weight: half}}", "compose.options.gate_weight: 'half' is not one of prob, one"),
+    ("compose: {options: {routing: per_episode}}",
+     "compose.options.routing: 'per_episode' is not one of token, segment"),
 ])
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=None) as err:

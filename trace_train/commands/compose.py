@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gate-weight", choices=("prob", "one"), default="prob",
                    help="forward weight of a chosen slot's update: its gate probability (default, the paper's "
                         "gating) or one (top-1 adds the adapter's whole update; straight-through gradient)")
+    p.add_argument("--routing", choices=("token", "segment"), default="token",
+                   help="how the gates' choices apply: per token (default, the paper's) or per chat message (the "
+                        "choice at each message's first token held to its end)")
     p.add_argument("--epochs", type=int, default=3, help="router training epochs (default: 3)")
     p.add_argument("--lr", type=float, default=5e-4, help="gate learning rate (default: 5e-4)")
     p.add_argument("--load-balance-coef", type=float, default=0.001, help="Switch balancing weight (default: 0.001)")
@@ -80,7 +83,8 @@ def cmd_compose(args) -> int:
         result = compose(args.base, args.adapters, args.data, args.out, top_k=args.top_k, train=cfg,
                          adapter_envs=adapter_envs or None, baselines=args.baselines, min_reward=args.min_reward,
                          max_length=args.max_length, stats_episodes=args.stats_episodes,
-                         gate_input=args.gate_input, gate_weight=args.gate_weight, threads=args.threads or None,
+                         gate_input=args.gate_input, gate_weight=args.gate_weight, routing=args.routing,
+                         threads=args.threads or None,
                          device=args.device,
                          base_envs=args.base_env, drop_zero_updates=not args.keep_zero_updates,
                          progress=not args.no_progress)

@@ -82,7 +82,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             min_reward: float | None = None, max_length: int = 4096, stats_episodes: int = 64,
             base_bias: float = 5.0, gate_input: str = "token", threads: int | None = 1, device: str = "cpu",
             base_envs: Sequence[str] = (), drop_zero_updates: bool = True,
-            leave_out: Mapping[str, str] | None = None, gate_weight: str = "prob",
+            leave_out: Mapping[str, str] | None = None, gate_weight: str = "prob", routing: str = "token",
             progress: bool = True) -> ComposeResult:
     """Compose K capability adapters into one token-routed model and write it with its baselines.
 
@@ -110,6 +110,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         gate_weight: the forward weight of a chosen slot's update: ``"prob"`` (its gate probability: the paper's
             multiplicative gating) or ``"one"`` (renormalised over the chosen slots, so top-1 adds the whole
             update; straight-through gradient). See :data:`trace_train.compose.model.GATE_WEIGHTS`.
+        routing: how the gates' choices apply, in router training and after: ``"token"`` (each token its own,
+            the paper's) or ``"segment"`` (the choice at each chat message's first token held to its end; see
+            :mod:`trace_train.compose.model`).
         threads: ``torch.set_num_threads`` (None leaves it alone).
         device: torch device.
         base_envs: env ids whose episodes the label loss sends to the base slot (tasks where the base
@@ -127,10 +130,13 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     import torch
     from transformers import AutoTokenizer
 
-    from .model import GATE_WEIGHTS
+    from .model import GATE_ROUTINGS, GATE_WEIGHTS
 
     if gate_weight not in GATE_WEIGHTS:
         raise ComposeError(f"gate_weight must be one of {', '.join(GATE_WEIGHTS)}, got {gate_weight!r}")
+    if routing not in GATE_ROUTINGS:
+        raise ComposeError(f"routing must be one of {', '.join(GATE_ROUTINGS)}, got {routing!r} "
+                           "(per-episode routing is a baseline of its own: baselines=['per_episode'])")
     unknown = set(baselines) - set(BASELINES)
     if unknown:
         raise ComposeError(f"unknown baselines {sorted(unknown)}; choose from {', '.join(BASELINES)}")
@@ -172,6 +178,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
                            "successful episodes (lower --min-reward, or roll out each adapter on its own env)")
     model = ComposedModel.build(base, named, top_k=top_k, base_bias=base_bias, device=device, gate_input=gate_input,
                                 gate_weight=gate_weight)
+    model.routing = routing  # before router training: the joint loss trains the routing the model will use
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     result = ComposeResult(out_dir=out)
     result.labelled_envs = {env: model.adapter_names[s - 1] if s else "base" for env, s in sorted(slots.items())}

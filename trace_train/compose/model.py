@@ -34,6 +34,14 @@ and ``bench/compose_speed.py`` compare against).
 
 The model runs as the wrapped ``transformers`` model does — forward, ``generate``, caches — because
 the routing lives in forward pre-hooks on the decoder blocks and in the replaced projections.
+
+Segment routing (``routing="segment"``). The gates still score every token, but each token takes the choice
+(slot and weight) its block's gate made at the first token of the chat message it belongs to (the
+``<|im_start|>`` that opens it; before the first one, the sequence's first token): one decision per message
+and block, held to its end, decoding included. On the tiny CPU models a per-token router that sends 8-17% of a
+message's tokens to the other adapter lets the message drift into that adapter's words half-way (measured:
+docs/headline.md, "The rerun (seed 1)"); a message of one adapter cannot. The hold is state carried
+between the forwards of one ``generate``, as the context gates' sums are.
 """
 
 from __future__ import annotations
@@ -55,7 +63,14 @@ from .adapters import AdapterRef, ComposeError, block_of, check_same_base, extra
 COMPOSE_FILE = "compose.json"
 GATES_FILE = "gates.safetensors"
 FORMAT_VERSION = 1
-ROUTINGS = ("token", "per_episode")
+#: How the gates' choices apply (:attr:`ComposedModel.routing`): ``token`` = each token its own choice (the paper's);
+#: ``segment`` = the choice made at the first token of each chat message (``<|im_start|>``) held for the whole
+#: message; ``per_episode`` = one adapter per episode, chosen from the first observation (a baseline).
+ROUTINGS = ("token", "segment", "per_episode")
+#: The routings of the gates themselves (``per_episode`` chooses without them).
+GATE_ROUTINGS = ("token", "segment")
+#: The token that opens a chat message (Qwen3's template, the tiny presets' too): where segment routing decides.
+SEGMENT_TOKEN = "<|im_start|>"
 #: What a gate reads: ``token`` = the block input at the token (the paper's gate, ``Linear(hidden, K + 1)``);
 #: ``context`` = that and the causal mean of the block inputs so far (``Linear(2 · hidden, K + 1)``).
 GATE_INPUTS = ("token", "context")
@@ -111,6 +126,8 @@ class BlockRouter:
         self.context_state: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self.raw_context: torch.Tensor | None = None  # the uncentred context, kept while owner.capture_context
         self.raw_input: torch.Tensor | None = None  # what the gate read (B, T, width), kept while owner.capture_inputs
+        # Segment routing: the (slots, weights, length) of each row's open message after the last forward.
+        self.segment_state: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     def context(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         """The causal mean of the normalised block inputs up to each token (``x``: (B, T, hidden), normalised).
@@ -156,6 +173,36 @@ class BlockRouter:
             x = torch.cat([x, self.context(x, cache)], dim=-1)
         return x
 
+    def hold(self, slots: torch.Tensor, weights: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Segment routing: each token's ``(slots, weights)`` (each ``(B, T, k)``) replaced by those chosen at the
+        first token of its message (the last segment token at or before it). A forward that continues a sequence
+        (decoding) carries the open message's choice over from the forward before."""
+        owner = self.owner
+        ids = owner.current_ids
+        batch, seq = slots.shape[:2]
+        if ids is None or tuple(ids.shape) != (batch, seq):
+            raise ComposeError("segment routing needs the forward's input_ids (it decides at each message's first "
+                               "token); inputs_embeds alone do not say where a message starts")
+        past = _past_length(cache, self.index)
+        starts = ids.to(slots.device) == owner.segment_token_id
+        if past == 0:
+            starts[:, 0] = True  # a sequence's first token opens its first segment
+        positions = torch.arange(seq, device=slots.device).expand(batch, seq)
+        last = torch.where(starts, positions, torch.full_like(positions, -1)).cummax(dim=1).values
+        index = last.clamp(min=0).unsqueeze(-1).expand_as(slots)
+        held_slots, held_weights = slots.gather(1, index), weights.gather(1, index)
+        if past > 0:
+            state = self.segment_state
+            if state is None or state[0].shape[0] != batch or state[2] != past:
+                raise ComposeError("a segment-routed composed model continued a sequence it did not start "
+                                   f"({past} cached tokens, no open message for them): give it the whole "
+                                   "sequence in one forward or generate (no prefix cache across calls)")
+            carried = (last < 0).unsqueeze(-1)
+            held_slots = torch.where(carried, state[0].unsqueeze(1), held_slots)
+            held_weights = torch.where(carried, state[1].unsqueeze(1).to(held_weights.dtype), held_weights)
+        self.segment_state = (held_slots[:, -1].detach(), held_weights[:, -1].detach(), past + seq)
+        return held_slots, held_weights
+
     def route(self, hidden: torch.Tensor, cache: Any = None) -> None:
         owner = self.owner
         batch, seq = hidden.shape[:2]
@@ -180,6 +227,9 @@ class BlockRouter:
         weights, slots = probs.topk(owner.top_k, dim=-1)
         if owner.gate_weight == "one":
             weights = (weights / weights.sum(-1, keepdim=True)).detach() + weights - weights.detach()
+        if owner.spec.routing == "segment":
+            slots, weights = self.hold(slots.view(batch, seq, -1), weights.view(batch, seq, -1), cache)
+            slots, weights = slots.reshape(n, -1), weights.reshape(n, -1)
         if owner.keep_choices:
             self.choice = slots[:, 0].view(batch, seq).detach()
         self.dispatch = _dispatch(slots, weights, owner.num_experts, owner.small_step_tokens)
@@ -334,12 +384,14 @@ class ComposeSpec:
     training: dict | None = None
     gate_input: str = "token"
     gate_weight: str = "prob"
+    segment_token_id: int | None = None  # segment routing: the id of SEGMENT_TOKEN in the base's tokenizer
 
     def as_json(self) -> dict:
         return {"format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
                 "base_sha256": self.base_sha256, "adapters": self.adapters, "target_modules": self.target_modules,
                 "top_k": self.top_k, "base_bias": self.base_bias, "routing": self.routing,
-                "gate_input": self.gate_input, "gate_weight": self.gate_weight, "training": self.training}
+                "gate_input": self.gate_input, "gate_weight": self.gate_weight,
+                "segment_token_id": self.segment_token_id, "training": self.training}
 
 
 class ComposedModel(nn.Module):
@@ -382,6 +434,7 @@ class ComposedModel(nn.Module):
         self.token_mask: torch.Tensor | None = None  # the attention mask of the forward/generate in progress
         self.capture_context = False  # keep each block's uncentred context (fit_context_centers)
         self.capture_inputs = False  # keep each block's gate input (gate_inputs)
+        self.current_ids: torch.Tensor | None = None  # the token ids of the forward in progress (segment routing)
         for p in model.parameters():
             p.requires_grad_(False)
         blocks = _decoder_layers(model)
@@ -400,6 +453,9 @@ class ComposedModel(nn.Module):
             # The dispatch lives for one block forward (it would otherwise keep the last graph alive).
             self._hooks.append(block.register_forward_hook(
                 lambda module, args, out, router=self.routers[i]: setattr(router, "dispatch", None)))
+        # Segment routing decides where a message starts, which the blocks' hidden states do not say: the ids of
+        # each forward (generate's decoding steps included) are read where they enter the embedding.
+        self._hooks.append(model.get_input_embeddings().register_forward_pre_hook(self._ids_hook))
         for name, pairs in experts.items():
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name)
@@ -407,6 +463,10 @@ class ComposedModel(nn.Module):
             if not isinstance(base_linear, nn.Linear):
                 raise ComposeError(f"{name} is a {type(base_linear).__name__}; only Linear projections can be routed")
             setattr(parent, attr, RoutedLoRALinear(base_linear, pairs, self.routers[block_of(name)]))
+
+    def _ids_hook(self, module, args) -> None:
+        ids = args[0] if args else None
+        self.current_ids = ids if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
 
     @staticmethod
     def _make_hook(router: BlockRouter):
@@ -515,6 +575,7 @@ class ComposedModel(nn.Module):
                           gate_input=raw.get("gate_input", "token"),
                           gate_weight=gate_weight or raw.get("gate_weight", "prob"))
         model.spec.training = raw.get("training")
+        model.spec.segment_token_id = raw.get("segment_token_id")
         model.routing = routing or raw.get("routing", "token")
         state = load_file(str(path / GATES_FILE))
         expected = {f"gates.{i}.{k}" for i, g in enumerate(model.gates) for k in g.state_dict()}
@@ -548,10 +609,12 @@ class ComposedModel(nn.Module):
 
     @property
     def stateful_routing(self) -> bool:
-        """True when routing depends on every earlier token of the sequence (context gates): such a model must
+        """True when routing depends on earlier tokens of the sequence (context gates, segment routing): such a model must
         see a sequence from its first token within one ``forward``/``generate`` (callers turn their prefix
         caches off)."""
-        return self.spec.gate_input == "context" and self.forced is None and self.spec.routing == "token"
+        if self.forced is not None:
+            return False
+        return self.spec.routing == "segment" or (self.spec.gate_input == "context" and self.spec.routing == "token")
 
     @contextlib.contextmanager
     def _token_mask(self, kwargs) -> Iterator[None]:
@@ -578,7 +641,14 @@ class ComposedModel(nn.Module):
     def routing(self, value: str) -> None:
         if value not in ROUTINGS:
             raise ComposeError(f"routing must be one of {', '.join(ROUTINGS)}, got {value!r}")
+        if value == "segment" and self.spec.segment_token_id is None:
+            self.spec.segment_token_id = segment_token_id(self.spec.base)
         self.spec.routing = value
+
+    @property
+    def segment_token_id(self) -> int | None:
+        """The id of :data:`SEGMENT_TOKEN` (where segment routing decides); None until segment routing is set."""
+        return self.spec.segment_token_id
 
     def episode_router(self):
         """The :class:`~trace_train.compose.PerEpisodeRouter` used when ``routing == "per_episode"``."""
@@ -704,6 +774,18 @@ class ComposedModel(nn.Module):
         return ["base"] + self.adapter_names
 
 
+def segment_token_id(base: str | Path) -> int:
+    """The id of :data:`SEGMENT_TOKEN` in the tokenizer of the model folder ``base``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    tid = tokenizer.convert_tokens_to_ids(SEGMENT_TOKEN)
+    if not isinstance(tid, int) or tid == tokenizer.unk_token_id:
+        raise ComposeError(f"segment routing decides at {SEGMENT_TOKEN}, which the tokenizer of {base} does not "
+                           "have as one token (a chat template of another family); use routing 'token'")
+    return tid
+
+
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -719,4 +801,4 @@ def is_composed_dir(path: str | Path) -> bool:
 
 
 __all__ = ["ComposedModel", "ComposeSpec", "RoutedLoRALinear", "BlockRouter", "Dispatch", "AdapterRef",
-           "is_composed_dir", "COMPOSE_FILE", "GATE_INPUTS"]
+           "is_composed_dir", "COMPOSE_FILE", "GATE_INPUTS", "ROUTINGS", "SEGMENT_TOKEN"]

@@ -95,6 +95,19 @@ def label_start(ep: EncodedTrajectory, cfg: RouterTrainConfig) -> int:
     return min(ep.first_observation if cfg.label_from == "first_observation" else 0, len(ep.ids) - 1)
 
 
+def label_positions(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainConfig) -> torch.Tensor:
+    """The positions the label loss (and the pre-fit) cover: every token from :func:`label_start` on; under segment
+    routing only the tokens where the gates decide (each message's first token, from there on), since every other
+    token takes its message's choice whatever its own gate says (none there: the episode's last token)."""
+    start = label_start(ep, cfg)
+    positions = torch.arange(start, len(ep.ids))
+    if model.routing == "segment":
+        ids = torch.tensor(ep.ids[start:])
+        decisions = positions[ids == model.segment_token_id]
+        positions = decisions if len(decisions) else positions[-1:]
+    return positions
+
+
 def episode_loss(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainConfig) -> dict[str, torch.Tensor]:
     """The three losses of one episode (the total under ``"loss"``)."""
     device = next(model.gates.parameters()).device
@@ -109,9 +122,9 @@ def episode_loss(model: ComposedModel, ep: EncodedTrajectory, cfg: RouterTrainCo
     total = next_token + cfg.load_balance_coef * balance
     out = {"next_token": next_token.detach(), "load_balance": balance.detach()}
     if cfg.label_coef > 0 and ep.slot is not None:
-        start = label_start(ep, cfg)
-        label = torch.full((len(ep.ids) - start,), ep.slot, device=device)
-        label_loss = torch.stack([torch.nn.functional.cross_entropy(g[start:].float(), label)
+        positions = label_positions(model, ep, cfg).to(device)
+        label = torch.full((len(positions),), ep.slot, device=device)
+        label_loss = torch.stack([torch.nn.functional.cross_entropy(g[positions].float(), label)
                                   for g in gate_logits]).mean()
         total = total + cfg.label_coef * label_loss
         out["label"] = label_loss.detach()
@@ -130,6 +143,7 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
     once, and the gates are fitted on all of it at once (each episode weighing the same, whatever its length),
     ``cfg.prefit_steps`` AdamW steps at ``cfg.prefit_lr``. Each later round (``cfg.prefit_rounds``) reads the
     inputs again with the gates routing, and refits. Returns one log row per 10 steps (round, label loss).
+    Under segment routing only the tokens where the gates decide are fitted (:func:`label_positions`).
 
     It holds every labelled token's gate input of every block in memory (tokens × width floats per block): made
     for router sets the size of the CPU recipes' (16 episodes, ~20k tokens); a large model's would need sampling.
@@ -138,11 +152,11 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
     if not labelled or cfg.prefit_steps == 0:
         return []
     device = next(model.gates.parameters()).device
-    labels, weights, starts = [], [], []
+    labels, weights, covered = [], [], []
     for ep in labelled:
-        start = label_start(ep, cfg)
-        n = len(ep.ids) - start
-        starts.append(start)
+        positions = label_positions(model, ep, cfg)
+        n = len(positions)
+        covered.append(positions)
         labels.append(torch.full((n,), ep.slot, dtype=torch.long))
         weights.append(torch.full((n,), 1.0 / n))
     y, w = torch.cat(labels).to(device), torch.cat(weights).to(device)
@@ -155,9 +169,9 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
     try:
         for round_ in range(cfg.prefit_rounds):
             per_block: list[list[torch.Tensor]] = [[] for _ in model.gates]
-            for ep, start in zip(labelled, starts):
+            for ep, positions in zip(labelled, covered):
                 for block, x in enumerate(model.gate_inputs(ep.ids, ep.slot if round_ == 0 else None)):
-                    per_block[block].append(x[start:])
+                    per_block[block].append(x[positions.to(x.device)])
             inputs = [torch.cat(xs).to(device) for xs in per_block]
             opt = torch.optim.AdamW(model.gate_parameters(), lr=cfg.prefit_lr, weight_decay=cfg.weight_decay)
             for step in range(cfg.prefit_steps):

@@ -389,6 +389,10 @@ class ComposeSection:
             from ..compose.model import GATE_WEIGHTS
 
             _choice("compose.options.gate_weight", self.options["gate_weight"], GATE_WEIGHTS)
+        if "routing" in self.options:
+            from ..compose.model import GATE_ROUTINGS
+
+            _choice("compose.options.routing", self.options["routing"], GATE_ROUTINGS)
         if "train" in self.options:  # the router's settings: checked now, not after the adapters have trained
             from ..compose.adapters import ComposeError
             from ..compose.api import router_config

@@ -79,7 +79,7 @@ def auto_applies(model: Any) -> bool:
 
 
 def _check(model: Any) -> None:
-    if _is_composed(model) and (model.routing != "token" or model.forced is not None):
+    if _is_composed(model) and (model.routing not in ("token", "segment") or model.forced is not None):
         # One adapter per episode differs per row, so the rows of a batch could not share the prefix's keys.
         raise Unsupported("per-episode (forced) routing")
     if _is_composed(model) and getattr(model, "gate_input", "token") not in ("token", "context"):
@@ -285,6 +285,7 @@ class _Prefix:
     keys: list[Any]
     values: list[Any]
     sums: list[Any] | None = None  # context gates: per layer, the sum of its normalised block inputs [hidden]
+    held: list[Any] | None = None  # segment routing: per layer, the gating weights of the open message [K]
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -385,7 +386,10 @@ class FastDecoder:
         # keeps keys and values, not those sums at every position, so such a model re-encodes each prompt after
         # the batch's shared prefix (whose sums the prefill computes).
         self.context = _is_composed(model) and getattr(model, "gate_input", "token") == "context"
-        self.store = KVStore(limit=0 if self.context else store_limit)
+        # Segment routing holds each message's choice (ComposedModel, routing "segment"): the choice of the open
+        # message is carried like the sums, and the store, which keeps neither, is off.
+        self.segment_id = model.segment_token_id if _is_composed(model) and model.routing == "segment" else None
+        self.store = KVStore(limit=0 if self.context or self.segment_id is not None else store_limit)
         self._weights: _Weights | None = None
         self._rope: tuple[Any, Any] | None = None
 
@@ -465,6 +469,21 @@ class FastDecoder:
         return _unit_rms(mean - layer.router.center), cums[..., -1, :]
 
     @staticmethod
+    def _hold(route, starts, held):
+        """Segment routing: each token's gating weights ``route [n, K]`` replaced by those at the first token of its
+        message (the last of ``starts [n]`` at or before it); tokens before any start keep ``held [K]``, the open
+        message's weights (``BlockRouter.hold``). Returns them and the weights of the message left open."""
+        import torch
+
+        n = route.shape[0]
+        positions = torch.arange(n, device=route.device)
+        last = torch.where(starts, positions, torch.full_like(positions, -1)).cummax(dim=0).values
+        out = route[last.clamp(min=0)]
+        if held is not None:
+            out = torch.where((last < 0)[:, None], held, out)
+        return out, out[-1]
+
+    @staticmethod
     def _delta(routed: _Routed | None, x, route):
         """The routed experts' contribution to a projection of ``x`` (None when it has none)."""
         if routed is None or route is None:
@@ -525,11 +544,13 @@ class FastDecoder:
         return F.linear(self._norm(h, w.norm), w.lm_head, w.lm_bias)
 
     def _prefill(self, tokens, past: list[tuple[Any, Any]], start: int, prefix: _Prefix | None = None,
-                 sums: list[Any] | None = None):
+                 sums: list[Any] | None = None, held: list[Any] | None = None):
         """Encode ``tokens`` (1-D) at positions ``start..`` over ``past`` (per layer k/v ``[kv, start - P, D]``, after
         ``prefix`` of length P); returns (the new tokens' k/v per layer, logits of the last token, per layer the
         running sum of the normalised block inputs after them: context gates only, else None). ``sums``: those
-        sums over the ``start`` tokens before (context gates; default zeros)."""
+        sums over the ``start`` tokens before (context gates; default zeros). Segment routing: ``held`` is, per layer,
+        the open message's gating weights before ``tokens`` (None at a sequence's start), and the tuple gets a
+        fourth item, the same after them."""
         import torch
         import torch.nn.functional as F
 
@@ -541,13 +562,14 @@ class FastDecoder:
             pieces: list[list[tuple[Any, Any]]] = []
             acc = list(past)
             for at in range(0, n, PREFILL_CHUNK):
-                piece_kv, logits, sums = self._prefill(tokens[at:at + PREFILL_CHUNK], acc, start + at, prefix, sums)
+                piece_kv, logits, sums, held = self._prefill(tokens[at:at + PREFILL_CHUNK], acc, start + at, prefix,
+                                                             sums, held)
                 pieces.append(piece_kv)
                 acc = [(nk if pk is None else torch.cat([pk, nk], dim=1), nv if pv is None else torch.cat([pv, nv], dim=1))
                        for (pk, pv), (nk, nv) in zip(acc, piece_kv)]
             new_kv = [(torch.cat([pc[li][0] for pc in pieces], dim=1), torch.cat([pc[li][1] for pc in pieces], dim=1))
                       for li in range(len(w.layers))]
-            return new_kv, logits, sums
+            return new_kv, logits, sums, held
         g = w.heads // w.kv_heads
         cos, sin = self._rope_table(start + n)
         cos, sin = cos[start:start + n], sin[start:start + n]
@@ -558,11 +580,19 @@ class FastDecoder:
         hidden = ~torch.ones(n, m + n, dtype=torch.bool, device=w.device).tril(diagonal=m)
         new_kv = []
         new_sums = list(sums) if sums is not None else None
+        new_held, starts = None, None
+        if self.segment_id is not None:
+            new_held = list(held) if held is not None else [None] * len(w.layers)
+            starts = tokens == self.segment_id
+            if start == 0:
+                starts[0] = True  # a sequence's first token opens its first segment
         for li, layer in enumerate(w.layers):
             context = None
             if new_sums is not None:
                 context, new_sums[li] = self._context(layer, h, new_sums[li], start)
             route = self._route(layer, h, context)
+            if new_held is not None and route is not None:
+                route, new_held[li] = self._hold(route, starts, new_held[li])
             q, k, v = self._qkv(layer, h, cos, sin, route)  # [n, heads, D], [n, kv, D]
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv, n, D]
             new_kv.append((k, v))
@@ -579,7 +609,7 @@ class FastDecoder:
                 out = out + torch.matmul(probs[..., :p].reshape(w.kv_heads, g * n, p), prefix.values[li])
             out = out.view(w.heads, n, w.head_dim).transpose(0, 1).reshape(n, w.heads * w.head_dim)
             h = self._mlp_out(layer, h, out, route)
-        return new_kv, self._logits(h[-1:])[0], new_sums
+        return new_kv, self._logits(h[-1:])[0], new_sums, new_held
 
     def _choose(self, logits, temperature: float, top_k: int | None, top_p: float, generator):
         """(token per row, its log-probability) from ``logits [B, V]``."""
@@ -647,16 +677,20 @@ class FastDecoder:
         own: list[list[tuple[Any, Any]]] = []
         first_logits = []
         row_sums: list[list[Any]] = []  # context gates: per row, per layer, the running sum after its prompt
+        row_held: list[list[Any]] = []  # segment routing: per row, per layer, the open message's weights
         for i, (seq, (entry, k)) in enumerate(zip(seqs, found)):
             n = int(seq.numel())
             k = min(k, n - 1) if entry is not None else 0
             start = max(p, k)
             past = [entry.kv(li, p, start) for li in range(len(w.layers))] if start > p else \
                 [(None, None)] * len(w.layers)
-            new_kv, logits, sums = self._prefill(seq[start:], past, start, prefix,
-                                                 prefix.sums if prefix is not None else None)
+            new_kv, logits, sums, held = self._prefill(seq[start:], past, start, prefix,
+                                                       prefix.sums if prefix is not None else None,
+                                                       prefix.held if prefix is not None else None)
             if sums is not None:
                 row_sums.append(sums)
+            if held is not None:
+                row_held.append(held)
             own.append([(torch.cat([pk, nk], dim=1) if pk is not None else nk,
                          torch.cat([pv, nv], dim=1) if pv is not None else nv)
                         for (pk, pv), (nk, nv) in zip(past, new_kv)])
@@ -675,6 +709,9 @@ class FastDecoder:
         del own
         # context gates: per layer [B, hidden], the running sums of each row (its token count is lengths + p)
         ctx_sums = [torch.stack([r[li] for r in row_sums]) for li in range(len(w.layers))] if row_sums else None
+        # segment routing: per layer [B, K], each row's open message's gating weights (None for an unrouted layer)
+        seg_held = [None if row_held[0][li] is None else torch.stack([r[li] for r in row_held])
+                    for li in range(len(w.layers))] if row_held else None
 
         eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long, device=dev)
         eos_set = set(eos.tolist())
@@ -704,6 +741,8 @@ class FastDecoder:
                 lengths, tok = lengths[keep], tok[keep]
                 if ctx_sums is not None:
                     ctx_sums = [c[keep] for c in ctx_sums]
+                if seg_held is not None:
+                    seg_held = [None if c is None else c[keep] for c in seg_held]
                 cache_k = [c[keep] for c in cache_k]
                 cache_v = [c[keep] for c in cache_v]
             # else finished rows keep decoding (nothing they produce is kept)
@@ -720,6 +759,9 @@ class FastDecoder:
                     context, ctx_sums[li] = self._context(layer, h[:, None], ctx_sums[li], pos)
                     context = context[:, 0]
                 route = self._route(layer, h, context)
+                if seg_held is not None and route is not None:  # a fed message start opens a new choice
+                    route = torch.where((tok == self.segment_id)[:, None], route, seg_held[li])
+                    seg_held[li] = route
                 q, k, v = self._qkv(layer, h, cos, sin, route)  # [B, heads, D], [B, kv, D]
                 cache_k[li][ar, :, lengths] = k
                 cache_v[li][ar, :, lengths] = v
@@ -768,10 +810,10 @@ class FastDecoder:
                            values=[b.contiguous() for _, b in kv]), n
         # (A context-gated model's store is empty, so its prefix is always encoded here, with its running sums.)
         past = [best.kv(li, 0, k) for li in layers] if k else [(None, None)] * len(layers)
-        new_kv, _, sums = self._prefill(tokens[k:], past, k, None)
+        new_kv, _, sums, held = self._prefill(tokens[k:], past, k, None)
         keys = [torch.cat([pk, nk], dim=1) if pk is not None else nk for (pk, _), (nk, _) in zip(past, new_kv)]
         values = [torch.cat([pv, nv], dim=1) if pv is not None else nv for (_, pv), (_, nv) in zip(past, new_kv)]
-        return _Prefix(tokens=tokens.clone(), keys=keys, values=values, sums=sums), k
+        return _Prefix(tokens=tokens.clone(), keys=keys, values=values, sums=sums, held=held), k
 
     def _store_rows(self, seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, which) -> None:
         """Put the conversations of ``which`` ((batch row, original row) pairs) into the store: the prompt and the
