@@ -406,3 +406,35 @@ def test_segment_routing_holds_each_messages_first_choice(setup, tmp_path):
         assert torch.equal(loaded(input_ids=ids).logits, got)
     with pytest.raises(ComposeError, match="routing must be one of"):
         loaded.routing = "message"
+
+
+def test_per_episode_routing_decides_on_the_request_not_the_system_prompt(setup):
+    """The per-episode baseline averages the gates over the first user message only: the system prompt before it
+    is the same in every episode. Gates made to favour slot 1 on the (long) system prompt and slot 2 on the request
+    choose slot 2; the system prompt alone would have decided for slot 1."""
+    from trace_train.compose import PerEpisodeRouter
+
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters)
+    tok = AutoTokenizer.from_pretrained(base)
+    system = tok("<|im_start|>system\n" + "You are an airline agent. " * 30 + "<|im_end|>\n",
+                 add_special_tokens=False).input_ids
+    request = tok("<|im_start|>user\nIs flight HAT001 on time?<|im_end|>\n", add_special_tokens=False).input_ids
+    ids = system + request + tok("<|im_start|>assistant\n", add_special_tokens=False).input_ids
+
+    def favour(module, args, out):
+        logits = torch.zeros_like(out)
+        logits[..., 1] = 4.0
+        logits[..., len(system):, 1] = 3.0  # the request's tokens: slot 2 wins
+        logits[..., len(system):, 2] = 6.0
+        return logits
+
+    hooks = [g.register_forward_hook(favour) for g in model.gates]
+    try:
+        router = PerEpisodeRouter.for_model(model)
+        assert router.request_start(ids) == len(system)
+        assert router.choose(torch.tensor([ids])).tolist() == [2]
+        assert PerEpisodeRouter.for_model(model).choose(torch.tensor([system])).tolist() == [1]
+    finally:
+        for h in hooks:
+            h.remove()

@@ -83,7 +83,9 @@ class PerEpisodeRouter:
 
     The first observation is every token up to the end of the first user message (found with the
     tokenizer's ``<|im_start|>user`` marker; the whole prompt when it has none). Each block's gate
-    probabilities over the K adapter slots are averaged over those tokens and over the blocks; the
+    probabilities over the K adapter slots are averaged over the first user message's tokens (the request:
+    the system prompt before it is the same in every episode, and a router trained with
+    ``label_from="first_observation"`` was never told where its tokens go) and over the blocks; the
     episode gets the arg-max adapter for all its tokens and turns. Decisions are cached per first
     observation, so later turns of an episode (whose prompts start the same way) cost nothing.
 
@@ -114,6 +116,15 @@ class PerEpisodeRouter:
         marker = tokenizer("<|im_start|>user", add_special_tokens=False)["input_ids"]
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         return cls(model, marker, end if isinstance(end, int) and end >= 0 else None)
+
+    def request_start(self, tokens: list[int]) -> int:
+        """Where the first user message starts in ``tokens`` (0 without the marker)."""
+        m = self.user_marker
+        if m:
+            for i in range(len(tokens) - len(m) + 1):
+                if tokens[i:i + len(m)] == m:
+                    return i
+        return 0
 
     def first_observation(self, tokens: list[int]) -> list[int]:
         m = self.user_marker
@@ -151,5 +162,6 @@ class PerEpisodeRouter:
         device = next(model.gates.parameters()).device
         with torch.no_grad(), model.force_routing(None), model.recording(logits=True, choices=False) as routers:
             model.model(input_ids=torch.tensor([prefix], device=device), use_cache=False)
-            probs = torch.stack([torch.softmax(r.logits[0].float(), -1).mean(0) for r in routers]).mean(0)
+            start = min(self.request_start(prefix), len(prefix) - 1)
+            probs = torch.stack([torch.softmax(r.logits[0, start:].float(), -1).mean(0) for r in routers]).mean(0)
         return int(probs[1:].argmax()) + 1
