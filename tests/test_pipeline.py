@@ -487,3 +487,13 @@ def test_router_data_selected_takes_the_chosen_checkpoints_successes_and_falls_b
     assert len(flat) == 2 and all(r["success"] for r in flat) and {r["agent"] for r in flat} == {"oracle"}
     assert sources["learnt"].startswith("selected: 2 ") and sources["flat"].startswith("oracle: 2 episodes (")
     assert played == 2  # selection's episodes were counted when they were played; only the oracle's are new
+
+
+def test_the_moe_row_says_how_the_composed_model_routes(tmp_path):
+    from trace_train.pipeline.stages.evaluate import _moe_routing
+
+    assert _moe_routing(None) == "token-level top-1"
+    (tmp_path / "compose.json").write_text(json.dumps({"routing": "token"}))
+    assert _moe_routing(str(tmp_path)) == "token-level top-1"
+    (tmp_path / "compose.json").write_text(json.dumps({"routing": "segment"}))
+    assert _moe_routing(str(tmp_path)) == "top-1, one choice per message"

@@ -117,10 +117,18 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
     if "trace_moe" in wanted:
         moe = methods.get("composed")
-        rows.append(("trace_moe", "TRACE MoE (token-level top-1)", hf(moe["model"], moe["adapter"]) if moe else None,
+        rows.append(("trace_moe", f"TRACE MoE ({_moe_routing(moe['model'] if moe else None)})",
+                     hf(moe["model"], moe["adapter"]) if moe else None,
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)),
                      "" if moe else compose_missing("not in this run: the compose stage produced none")))
     return rows
+
+
+def _moe_routing(folder: str | None) -> str:
+    """How the composed model at ``folder`` routes, for its row's label."""
+    spec = Path(folder) / "compose.json" if folder else None
+    routing = json.loads(spec.read_text()).get("routing", "token") if spec and spec.is_file() else "token"
+    return "top-1, one choice per message" if routing == "segment" else "token-level top-1"
 
 
 def run_evaluate(ctx) -> tuple[list[str], dict]:
