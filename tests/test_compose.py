@@ -438,3 +438,37 @@ def test_per_episode_routing_decides_on_the_request_not_the_system_prompt(setup)
     finally:
         for h in hooks:
             h.remove()
+
+
+def test_per_episode_routing_over_segment_trained_gates_decides_where_they_were_taught(setup):
+    """Gates trained for segment routing were taught only at message starts: the per-episode choice is read at the
+    ``<|im_start|>`` that opens the agent's first message, not averaged over the request."""
+    from trace_train.compose import PerEpisodeRouter
+
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters)
+    model.routing = "segment"  # records the segment token, as a segment-routed folder does
+    model.routing = "per_episode"
+    tok = AutoTokenizer.from_pretrained(base)
+    head = tok("<|im_start|>system\nYou are an airline agent.<|im_end|>\n<|im_start|>user\nIs HAT001 on time?"
+               "<|im_end|>\n", add_special_tokens=False).input_ids
+    ids = head + tok("<|im_start|>assistant\n", add_special_tokens=False).input_ids
+
+    def favour(module, args, out):
+        logits = torch.zeros_like(out)
+        logits[..., 1] = 4.0  # every token but the deciding one: slot 1
+        if out.shape[-2] > len(head):  # the first message's <|im_start|>: slot 3
+            logits[..., len(head), :] = torch.tensor([0.0, 0.0, 0.0, 9.0])
+        return logits
+
+    hooks = [g.register_forward_hook(favour) for g in model.gates]
+    try:
+        router = PerEpisodeRouter.for_model(model)
+        assert router.decision_prefix(ids) == ids[:len(head) + 1]
+        assert router.choose(torch.tensor([ids])).tolist() == [3]
+        assert model.routing == "per_episode"
+        model.spec.segment_token_id = None  # gates trained per token: the request decides
+        assert PerEpisodeRouter.for_model(model).choose(torch.tensor([ids])).tolist() == [1]
+    finally:
+        for h in hooks:
+            h.remove()

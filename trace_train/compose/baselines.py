@@ -86,7 +86,10 @@ class PerEpisodeRouter:
     probabilities over the K adapter slots are averaged over the first user message's tokens (the request:
     the system prompt before it is the same in every episode, and a router trained with
     ``label_from="first_observation"`` was never told where its tokens go) and over the blocks; the
-    episode gets the arg-max adapter for all its tokens and turns. Decisions are cached per first
+    episode gets the arg-max adapter for all its tokens and turns. Gates trained for segment routing (the
+    composed folder records ``segment_token_id``) were taught only at each message's first token, so for them
+    the decision is read at the first ``<|im_start|>`` after the first observation, the one that opens the
+    agent's first message, with the earlier messages routed as segment routing would. Decisions are cached per first
     observation, so later turns of an episode (whose prompts start the same way) cost nothing.
 
     Args:
@@ -136,6 +139,18 @@ class PerEpisodeRouter:
                     break
         return tokens
 
+    def decision_prefix(self, tokens: list[int]) -> list[int]:
+        """The tokens the choice rests on: the first observation, and for segment-trained gates up to the
+        ``<|im_start|>`` after it (where those gates decide), when the prompt has it."""
+        prefix = self.first_observation(tokens)
+        seg = self._segment_id()
+        if seg is not None and seg in tokens[len(prefix):]:
+            return tokens[:tokens.index(seg, len(prefix)) + 1]
+        return prefix
+
+    def _segment_id(self) -> int | None:
+        return getattr(getattr(self.model, "spec", None), "segment_token_id", None)
+
     def choose(self, input_ids, attention_mask=None) -> "Any":
         """One slot (1..K) per row of ``input_ids``; padding (``attention_mask`` 0) is ignored."""
         import torch
@@ -145,7 +160,7 @@ class PerEpisodeRouter:
             toks = input_ids[b]
             if attention_mask is not None:
                 toks = toks[attention_mask[b].bool()]
-            prefix = self.first_observation(toks.tolist())
+            prefix = self.decision_prefix(toks.tolist())
             key = tuple(prefix)
             if key not in self._cache:
                 if len(self._cache) >= self.cache_size:
@@ -160,8 +175,16 @@ class PerEpisodeRouter:
 
         model = self.model
         device = next(model.gates.parameters()).device
-        with torch.no_grad(), model.force_routing(None), model.recording(logits=True, choices=False) as routers:
-            model.model(input_ids=torch.tensor([prefix], device=device), use_cache=False)
-            start = min(self.request_start(prefix), len(prefix) - 1)
-            probs = torch.stack([torch.softmax(r.logits[0, start:].float(), -1).mean(0) for r in routers]).mean(0)
+        segment = self._segment_id() is not None and prefix[-1] == self._segment_id()
+        routing = model.spec.routing
+        try:
+            if segment:  # the messages before the decision routed as the gates were trained to
+                model.spec.routing = "segment"
+            with torch.no_grad(), model.force_routing(None), model.recording(logits=True, choices=False) as routers:
+                model.model(input_ids=torch.tensor([prefix], device=device), use_cache=False)
+                start = len(prefix) - 1 if segment else min(self.request_start(prefix), len(prefix) - 1)
+                probs = torch.stack([torch.softmax(r.logits[0, start:].float(), -1).mean(0)
+                                     for r in routers]).mean(0)
+        finally:
+            model.spec.routing = routing
         return int(probs[1:].argmax()) + 1
