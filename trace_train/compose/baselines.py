@@ -120,23 +120,26 @@ class PerEpisodeRouter:
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         return cls(model, marker, end if isinstance(end, int) and end >= 0 else None)
 
-    def request_start(self, tokens: list[int]) -> int:
-        """Where the first user message starts in ``tokens`` (0 without the marker)."""
+    def _marker_at(self, tokens: list[int]) -> int | None:
+        """Where the first ``<|im_start|>user`` marker starts in ``tokens`` (None without one)."""
         m = self.user_marker
         if m:
             for i in range(len(tokens) - len(m) + 1):
                 if tokens[i:i + len(m)] == m:
                     return i
-        return 0
+        return None
+
+    def request_start(self, tokens: list[int]) -> int:
+        """Where the first user message starts in ``tokens`` (0 without the marker)."""
+        at = self._marker_at(tokens)
+        return 0 if at is None else at
 
     def first_observation(self, tokens: list[int]) -> list[int]:
-        m = self.user_marker
-        if m:
-            for i in range(len(tokens) - len(m) + 1):
-                if tokens[i:i + len(m)] == m:
-                    if self.end_id is not None and self.end_id in tokens[i + len(m):]:
-                        return tokens[:tokens.index(self.end_id, i + len(m)) + 1]
-                    break
+        at = self._marker_at(tokens)
+        if at is not None and self.end_id is not None:
+            after = at + len(self.user_marker)
+            if self.end_id in tokens[after:]:
+                return tokens[:tokens.index(self.end_id, after) + 1]
         return tokens
 
     def decision_prefix(self, tokens: list[int]) -> list[int]:
