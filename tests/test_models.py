@@ -142,6 +142,71 @@ def test_oracle_trajectories_keep_a_share_of_a_family():
         BootstrapConfig(target=SCENARIO_ENV, scenario_shares={"kitchen": 0.0})
 
 
+def _replay_file(path, records) -> str:
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def test_replay_keeps_the_agents_own_episodes_of_the_families_left_out(tmp_path):
+    """``replay_episodes``: the recorded episodes whose family the training episodes never draw (a bundle that
+    holds a drawn family is left out too), repeated in a seeded order up to the count asked for; an unlabelled
+    episode only when the training episodes carry no label either."""
+    from trace_train.tiny.sft_data import oracle_trajectories, replay_episodes
+
+    _register_scenario_env()
+    records, _ = oracle_trajectories(SCENARIO_ENV, range(30))
+    other = [r for r in records if r["scenario"] == "other"][:3]
+    kitchen = [r for r in records if r["scenario"] == "kitchen"][:2]
+    assert len(other) == 3 and len(kitchen) == 2
+    bundle = {**kitchen[0], "scenario": "bundle:kitchen+other"}
+    unlabelled = {**other[0], "scenario": None}
+    silent = {**other[0], "messages": [m for m in other[0]["messages"] if m["role"] != "assistant"]}
+    path = _replay_file(tmp_path / "base.jsonl", [*other, *kitchen, bundle, unlabelled, silent])
+
+    rows, summary = replay_episodes(path, drawn=["kitchen", "kitchen"], count=7, seed=0)
+    assert len(rows) == 7 and {r["scenario"] for r in rows} == {"other"}
+    texts = [json.dumps(r["messages"]) for r in rows]
+    assert sorted(set(texts)) == sorted(json.dumps(r["messages"]) for r in other)  # every kept episode appears
+    assert max(texts.count(t) for t in texts) == 3 and min(texts.count(t) for t in texts) == 2  # in whole rounds
+    assert summary["episodes_in_file"] == 8 and summary["episodes_kept"] == 3 and summary["rows"] == 7
+    assert summary["families"] == {"other": 3} and summary["left_out_families"] == ["kitchen"]
+    assert [r["messages"] for r in replay_episodes(path, ["kitchen"], 7, seed=0)[0]] == [r["messages"] for r in rows]
+    assert all(set(r) == {"messages", "tools", "scenario"} for r in rows)
+
+    everything, summary = replay_episodes(path, drawn=[None], count=6)  # unlabelled training episodes
+    assert summary["episodes_kept"] == 7 and len(everything) == 6  # all but the one without an assistant turn
+    assert replay_episodes(path, drawn=["other", "kitchen"], count=5)[0] == []
+
+
+def test_bootstrap_replays_the_left_out_families(model_dir, tmp_path):
+    """``BootstrapConfig.replay``: the replayed rows join the oracle episodes at the share asked for; they are
+    counted apart from the env episodes the fit spent, and the settings are checked."""
+    from trace_train.tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from trace_train.tiny.metadata import model_metadata
+    from trace_train.tiny.sft_data import oracle_trajectories
+
+    _register_scenario_env()
+    kitchen, _ = oracle_trajectories(SCENARIO_ENV, range(200, 230), exclude_scenarios=["other"])
+    path = _replay_file(tmp_path / "base.jsonl", kitchen[:3])
+    cfg = BootstrapConfig(target=SCENARIO_ENV, base=model_dir, exclude_scenarios=("kitchen",), steps=2,
+                          batch_size=2, train_seeds=12, lr=5e-3, warmup_steps=1, out=str(tmp_path / "boot"),
+                          replay=path, replay_share=0.4)
+    result = bootstrap_model(cfg, progress=False)
+    replay = model_metadata(result.path)["bootstrap"]["replay"]
+    oracle = model_metadata(result.path)["bootstrap"]["scenario_counts"]["other"]["kept"]
+    assert result.examples == oracle and result.replayed == replay["rows"] == round(0.4 / 0.6 * oracle) > 0
+    assert replay["episodes_kept"] == 3 and replay["families"] == {"kitchen": 3}
+    with pytest.raises(ValueError, match="replay_share > 0 needs replay"):
+        BootstrapConfig(target=SCENARIO_ENV, replay_share=0.2)
+    for bad in (1.0, -0.1, True):
+        with pytest.raises(ValueError, match="replay_share must be"):
+            BootstrapConfig(target=SCENARIO_ENV, replay=path, replay_share=bad)
+    with pytest.raises(ValueError, match="no trajectories file"):
+        BootstrapConfig(target=SCENARIO_ENV, replay=str(tmp_path / "missing.jsonl"), replay_share=0.2)
+
+
 def test_sft_segments_match_inference_prompts(model_dir):
     from transformers import AutoTokenizer
 

@@ -192,6 +192,28 @@ def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(t
     assert rows.startswith(f"≤ {7 + 2 * k} methods") and rows_cold.startswith(f"≤ {7 + k} methods")
 
 
+def test_sft_replay_share_replays_the_runs_own_rollouts(tmp_path):
+    """train.options.sft_replay_share: every SFT fit (each GRPO run's warm-up and the SFT baseline) replays the
+    base's episodes the rollout stage recorded; a run without them is refused with the option's name."""
+    from trace_train.pipeline.runner import Context
+    from trace_train.pipeline.stages.train import _train_job
+
+    cfg = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "options": {
+        "sft_warmup_steps": 50, "sft_replay_share": 0.25}}})
+    ctx = Context(cfg=cfg, run_dir=tmp_path, state={"stages": {}}, progress=False)
+    env = ["trace/precondition_verification-v0"]
+    with pytest.raises(ConfigError, match="sft_replay"):
+        _train_job(ctx, "pv", env, 10)
+    rollouts = tmp_path / "rollouts" / "trajectories.jsonl"
+    rollouts.parent.mkdir()
+    rollouts.write_text("")
+    for job in (_train_job(ctx, "pv", env, 10), _train_job(ctx, "_sft", env, 10, sft=True)):
+        assert job["cfg"].sft_replay == str(rollouts) and job["cfg"].sft_replay_share == 0.25
+    plain = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "options": {"sft_warmup_steps": 50}}})
+    cold = _train_job(Context(cfg=plain, run_dir=tmp_path, state={"stages": {}}, progress=False), "pv", env, 10)
+    assert cold["cfg"].sft_replay is None and cold["cfg"].sft_replay_share == 0.0
+
+
 def test_set_changes_one_field_of_a_config_and_checks_it_like_the_file(tmp_path):
     path = _write(tmp_path, "seed: 0\ntrain: {options: {seed: 0, group_size: 4}}\nevaluate: {seeds: '0:200'}\n")
     cfg = load_config(path, ["seed=1", "train.options.seed=1", "evaluate.seeds=200:400", "compose.top_k=2"])

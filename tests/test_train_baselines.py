@@ -153,6 +153,56 @@ def test_the_turn_head_weight_reaches_the_sft_code(tmp_path, monkeypatch):
     assert [c.turn_head_weight for c in seen] == [10.0, 10.0, 1.0]
 
 
+def test_replay_reaches_the_sft_code_and_keys_the_warmup(tmp_path, monkeypatch):
+    """``sft_replay`` / ``sft_replay_share`` reach the bootstrap config of the SFT fits; a finished warm-up is
+    reused only while the replayed file's content is the same (it is part of the warm-up's settings)."""
+    from trace_train.tiny import bootstrap
+    from trace_train.train import grpo
+    from trace_train.train.grpo import ConfigError, TrainConfig
+    from trace_train.train.sft import fit_sft_lora
+
+    seen = []
+
+    def fake_bootstrap(cfg, progress=True):
+        seen.append(cfg)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bootstrap, "bootstrap_model", fake_bootstrap)
+    replay = tmp_path / "base.jsonl"
+    replay.write_text('{"scenario": "info", "messages": []}\n')
+    cfg = TrainConfig(env_ids=ENVS[:1], model="m", output_dir=str(tmp_path), sft_warmup_steps=3,
+                      sft_replay=str(replay), sft_replay_share=0.3)
+    with pytest.raises(RuntimeError, match="stop here"):
+        fit_sft_lora(cfg, {ENVS[0]: {}}, "cpu", tmp_path / "a", 3)
+    assert seen[-1].replay == str(replay) and seen[-1].replay_share == 0.3
+    with pytest.raises(RuntimeError, match="stop here"):
+        fit_sft_lora(TrainConfig(env_ids=ENVS[:1], model="m", output_dir=str(tmp_path), sft_warmup_steps=3,
+                                 sft_replay=str(replay)), {ENVS[0]: {}}, "cpu", tmp_path / "a", 3)
+    assert seen[-1].replay is None and seen[-1].replay_share == 0.0  # a file alone replays nothing
+
+    # a finished warm-up with this replay is reused; another content of the file is fitted again
+    from types import SimpleNamespace
+
+    fits = []
+    monkeypatch.setattr("trace_train.train.sft.fit_sft_lora",
+                        lambda *a, **k: fits.append(1) or SimpleNamespace(examples=2, losses=[0.5]))
+    cfg.warmup_dir.mkdir(parents=True)
+    grpo.sft_warmup(cfg, {ENVS[0]: {}}, "cpu")
+    grpo.sft_warmup(cfg, {ENVS[0]: {}}, "cpu")
+    assert len(fits) == 1
+    replay.write_text('{"scenario": "flight_status", "messages": []}\n')
+    grpo.sft_warmup(cfg, {ENVS[0]: {}}, "cpu")
+    assert len(fits) == 2
+
+    with pytest.raises(ConfigError, match="sft_replay"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay_share=0.3)
+    with pytest.raises(ConfigError, match="sft_replay"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay=str(tmp_path / "nope.jsonl"))
+    for bad in (1.0, -0.5, True):
+        with pytest.raises(ConfigError, match="sft_replay_share"):
+            TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay=str(replay), sft_replay_share=bad)
+
+
 def test_calibration_warns_with_the_figures_and_the_knob(nano, tmp_path, caplog):
     """A random base is never right: the calibration before training says so, with what to turn."""
     import logging

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from .build import build_model
 from .copy_circuit import FREEZE_CHOICES, CopyCircuit, circuit_of, freeze_copy_circuit
 from .metadata import cache_root, model_metadata, prompt_env_kwargs
-from .sft_data import oracle_trajectories, sft_rows, shared_prefix_length
+from .sft_data import oracle_trajectories, replay_episodes, sft_rows, shared_prefix_length
 from .sft_forward import _targets_only_supported, local_attention_mass, sft_loss
 from .tokenizer import default_corpus_envs
 
@@ -113,6 +113,12 @@ class BootstrapConfig:
             the time (:func:`trace_train.tiny.sft_forward.turn_head_weights`). Not applied to the
             pre-training phase, where every token is a target.
         turn_head_tokens: how many tokens open a turn for ``turn_head_weight``.
+        replay: a trajectories file (JSON lines) of the base agent's own episodes, usually on the target (the
+            pipeline passes its rollouts): with ``replay_share``, its episodes of the scenario families the
+            training episodes never draw join the SFT rows, so that a LoRA keeps the base's behaviour on them
+            (:func:`~trace_train.tiny.sft_data.replay_episodes`).
+        replay_share: the share of the SFT rows that are replayed episodes (0: off), repeated as needed:
+            ``round(share / (1 - share) × oracle episodes)`` rows.
     """
 
     target: str
@@ -142,6 +148,8 @@ class BootstrapConfig:
     lora: dict | None = None
     turn_head_weight: float = 1.0
     turn_head_tokens: int = 8
+    replay: str | None = None
+    replay_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -167,6 +175,14 @@ class BootstrapConfig:
             raise ValueError(f"turn_head_tokens must be an integer >= 1, got {self.turn_head_tokens!r}")
         if self.prompt not in ("compact", "full"):
             raise ValueError(f"prompt must be 'compact' or 'full', got {self.prompt!r}")
+        if isinstance(self.replay_share, bool) or not isinstance(self.replay_share, (int, float)) \
+                or not 0.0 <= self.replay_share < 1.0:
+            raise ValueError(f"replay_share must be a number in [0, 1) (the share of the SFT rows replayed), got "
+                             f"{self.replay_share!r}")
+        if self.replay_share > 0 and not self.replay:
+            raise ValueError("replay_share > 0 needs replay: a trajectories file of the base's own episodes")
+        if self.replay is not None and not Path(self.replay).is_file():
+            raise ValueError(f"replay: no trajectories file at {self.replay}")
         self.exclude_scenarios = tuple(self.exclude_scenarios)
         for family, share in self.scenario_shares.items():
             if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
@@ -180,7 +196,7 @@ class BootstrapConfig:
 
 #: Options added after warmed-up bases were cached and shipped: while at these defaults they stay out of every
 #: content key (:func:`keyed_settings`), so the folders keyed before they existed still match.
-NEUTRAL_DEFAULTS = {"turn_head_weight": 1.0, "turn_head_tokens": 8}
+NEUTRAL_DEFAULTS = {"turn_head_weight": 1.0, "turn_head_tokens": 8, "replay": None, "replay_share": 0.0}
 
 
 def keyed_settings(cfg: BootstrapConfig) -> dict:
@@ -237,6 +253,7 @@ class BootstrapResult:
     truncated: int
     scenario_counts: dict
     seconds: float
+    replayed: int = 0  #: rows replayed from the agent's own episodes (BootstrapConfig.replay), beyond ``examples``
 
 
 #: Window of the banded attention used in training for the copy circuit's held previous-token layer.
@@ -300,7 +317,19 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         extra, _ = oracle_trajectories(env_id, range(cfg.seed_offset, cfg.seed_offset + n), env_kwargs=mix_kwargs)
         records.extend(extra)
         mixture_counts[env_id] = {"episodes": len(extra), "env_kwargs": mix_kwargs}
+    replay, replayed = None, []
+    if cfg.replay_share > 0:
+        count = round(cfg.replay_share / (1.0 - cfg.replay_share) * len(records))
+        replayed, replay = replay_episodes(cfg.replay, (r.get("scenario") for r in records), count, seed=cfg.seed)
+        if not replayed:
+            logger.warning("replay: none of the %d episodes in %s is of a family the training episodes leave out "
+                           "(they draw %s); nothing replayed", replay["episodes_in_file"], cfg.replay,
+                           ", ".join(replay["left_out_families"]) or "no labelled family")
     rows, turns, truncated = sft_rows(tokenizer, records, cfg.max_length)
+    env_rows = len(rows)  # the env episodes this fit spent (the replayed ones were spent by whoever recorded them)
+    if replayed:
+        more, more_turns, more_truncated = sft_rows(tokenizer, replayed, cfg.max_length)
+        rows, turns, truncated = rows + more, turns + more_turns, truncated + more_truncated
     if truncated:
         logger.warning("%d assistant turns did not fit in %d tokens and were left out; use compact prompts",
                        truncated, cfg.max_length)
@@ -388,6 +417,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     # Options left at their defaults stay out of the key, so folders cached before they existed still match.
     keyed = {k: v for k, v in keyed_settings(cfg).items()
              if not (k in ("mixture", "mixture_env_kwargs", "lora", "scenario_shares") and not v)}
+    if cfg.replay:  # the replayed file's content, not its path
+        keyed["replay"] = hashlib.sha256(Path(cfg.replay).read_bytes()).hexdigest()[:16]
     key = hashlib.sha256(json.dumps({"cfg": keyed, "base": model_metadata(base).get("content_key", base)},
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(cfg.out) if cfg.out else cache_root() / f"bootstrap-{cfg.target.replace('/', '_')}-{key}"
@@ -404,10 +435,10 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         "target": cfg.target, "base": str(base), "exclude_scenarios": list(cfg.exclude_scenarios),
         "scenario_shares": dict(cfg.scenario_shares),
         "steps": len(losses), "max_seconds": cfg.max_seconds, "batch_size": cfg.batch_size, "lr": cfg.lr,
-        "examples": len(rows), "train_seconds": train_s,
+        "examples": env_rows, "replayed_rows": len(rows) - env_rows, "train_seconds": train_s,
         "pretrain_steps": pretrain_steps, "frozen_circuit": cfg.freeze_circuit if circuit else None,
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "banded_window": local_window,
-        "scenario_counts": counts, "mixture": mixture_counts, "lora": cfg.lora, "final_loss": losses[-1],
+        "scenario_counts": counts, "mixture": mixture_counts, "replay": replay, "lora": cfg.lora, "final_loss": losses[-1],
         "turn_head_weight": cfg.turn_head_weight, "turn_head_tokens": cfg.turn_head_tokens,
         "seconds": time.perf_counter() - t0}})
     # An adapter folder is not a model folder: its record gets its own name, so model_metadata() of it is {}.
@@ -418,4 +449,5 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
               pretrain_steps=pretrain_steps)
     if on_checkpoint:
         on_checkpoint(len(losses), model, tokenizer, train_s)
-    return BootstrapResult(out, losses, len(rows), turns, truncated, counts, time.perf_counter() - t0)
+    return BootstrapResult(out, losses, env_rows, turns, truncated, counts, time.perf_counter() - t0,
+                           replayed=len(rows) - env_rows)

@@ -11,6 +11,9 @@ episodes with the same functions (:func:`trace_train.train.grpo.encode_episode`)
 from __future__ import annotations
 
 import hashlib
+import json
+import random
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 
@@ -80,6 +83,50 @@ def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Se
     finally:
         env.close()
     return records, counts
+
+
+def replay_episodes(path: str | Path, drawn: Iterable[str | None], count: int,
+                    seed: int = 0) -> tuple[list[dict], dict]:
+    """``count`` rows of the agent's own episodes in a trajectories file, for SFT *replay*.
+
+    A LoRA fitted on one capability env's oracle episodes forgets what the base did on the target's other
+    requests (measured on the planted recipe: the precondition adapter answered 0 of 130 flight-status and info
+    requests, the base 46; docs/headline.md). Mixing the base's own episodes of those requests into the SFT rows
+    asks the adapter to keep the base's behaviour there. Kept are the episodes whose scenario family (or any
+    family of a bundle) is none of ``drawn``, the families the training envs' own episodes drew: on those the
+    env teaches the skill, and the base's own answers (which the skill corrects) would pull against it. An
+    episode without a scenario label is kept only when ``drawn`` holds no label either. They are the agent's
+    episodes as recorded, failures included: replay keeps the base's behaviour; it adds no reward.
+
+    The kept episodes repeat in a seeded order until ``count`` rows are drawn. Returns ``(records, summary)``;
+    ``records`` is empty when no episode is kept.
+    """
+    drawn_families = {f for s in drawn if s is not None for f in scenario_families(str(s))}
+    labelled = any(s is not None for s in drawn)
+    kept, families, total = [], {}, 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            total += 1
+            record = json.loads(line)
+            scenario = record.get("scenario")
+            if scenario is None and labelled:
+                continue
+            if scenario is not None and drawn_families & set(scenario_families(str(scenario))):
+                continue
+            if not record.get("messages") or not any(m.get("role") == "assistant" for m in record["messages"]):
+                continue
+            kept.append({"messages": record["messages"], "tools": record.get("tools"), "scenario": scenario})
+            families[str(scenario)] = families.get(str(scenario), 0) + 1
+    rows: list[dict] = []
+    rng = random.Random(seed)
+    while kept and len(rows) < count:
+        order = list(range(len(kept)))
+        rng.shuffle(order)
+        rows.extend(kept[i] for i in order[:count - len(rows)])
+    return rows, {"path": str(path), "episodes_in_file": total, "episodes_kept": len(kept), "rows": len(rows),
+                  "families": families, "left_out_families": sorted(drawn_families)}
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:

@@ -130,6 +130,12 @@ class TrainConfig:
                                         "count this many times in the loss, where a turn's decision sits (message "
                                         "or call, which tool, go ahead or refuse) among tokens copied from the "
                                         "context (1 = a plain token mean)", default=1.0)
+    sft_replay: str | None = _help("SFT (--sft and the warm-up): a trajectories file of the base's own episodes "
+                                   "(the pipeline passes its rollouts on the target); with sft_replay_share its "
+                                   "episodes of the families the envs never draw join the SFT rows, so the "
+                                   "adapter keeps the base's behaviour there", default=None)
+    sft_replay_share: float = _help("SFT (--sft and the warm-up): the share of the SFT rows replayed from "
+                                    "sft_replay (0 = off)", default=0.0)
 
     # ------------------------------------------------------------------ device, checkpoints, logs
     device: str = _help("cpu (fp32, one torch thread, use_cpu), cuda (bf16, optional vLLM), or auto", default="auto")
@@ -239,6 +245,14 @@ class TrainConfig:
                 or not self.sft_turn_head_weight >= 1:
             self._fail("sft_turn_head_weight", "use a number >= 1 (1: a plain token mean; 10 makes a turn's opening "
                                                "decision a large share of a fitted episode's loss)")
+        if isinstance(self.sft_replay_share, bool) or not isinstance(self.sft_replay_share, (int, float)) \
+                or not 0.0 <= self.sft_replay_share < 1.0:
+            self._fail("sft_replay_share", "use a number in [0, 1): the share of the SFT rows replayed (0 = off)")
+        if self.sft_replay_share > 0 and not self.sft_replay:
+            self._fail("sft_replay", "give the trajectories file of the base's own episodes to replay "
+                                     "(e.g. a run's rollouts/trajectories.jsonl), or sft_replay_share: 0")
+        if self.sft_replay is not None and not Path(self.sft_replay).is_file():
+            self._fail("sft_replay", f"no trajectories file at {self.sft_replay}")
         for name in ("learning_rate", "sft_lr"):
             if not getattr(self, name) > 0:
                 self._fail(name, "use a value > 0 (1e-5 for Qwen3 models, ~1e-3 for the tiny CPU model)")

@@ -54,6 +54,7 @@ which encodes the prefix the step's episodes share once instead of once per epis
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import math
@@ -810,6 +811,9 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
                 "lora_alpha": cfg.lora_alpha, "lora_target_modules": list(cfg.lora_target_modules)}
     if cfg.sft_turn_head_weight != 1.0:  # only when set, so that warm-ups done before the option still match
         settings["sft_turn_head_weight"] = cfg.sft_turn_head_weight
+    if cfg.sft_replay_share:  # likewise; the replayed file by its content
+        settings["sft_replay"] = {"share": cfg.sft_replay_share,
+                                  "sha256": hashlib.sha256(Path(cfg.sft_replay).read_bytes()).hexdigest()[:16]}
     settings = json.loads(json.dumps(settings, default=str))
     if done.exists() and json.loads(done.read_text()).get("settings") == settings:
         return adapter

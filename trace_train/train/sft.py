@@ -36,7 +36,9 @@ def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out
                            mixture_env_kwargs={k: v for k, v in cfg.env_kwargs.items()},
                            lora={"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                                  "target_modules": list(cfg.lora_target_modules)},
-                           turn_head_weight=float(cfg.sft_turn_head_weight))
+                           turn_head_weight=float(cfg.sft_turn_head_weight),
+                           replay=cfg.sft_replay if cfg.sft_replay_share else None,
+                           replay_share=float(cfg.sft_replay_share))
     return bootstrap_model(boot, progress=cfg.progress)
 
 

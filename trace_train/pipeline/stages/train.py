@@ -44,6 +44,10 @@ def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
               "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
     if minutes is not None and not sft:
         kwargs["max_minutes"] = minutes
+    if kwargs.get("sft_replay_share") and not kwargs.get("sft_replay"):
+        # The base's own episodes on the target: the rollout stage's. (The stage reads them without listing
+        # "rollout" among its inputs: they reach it through the diagnosis, whose outputs change with them.)
+        kwargs["sft_replay"] = str(ctx.path("rollouts", "trajectories.jsonl"))
     if sft:  # train.options.sft_warmup_steps warms up the GRPO runs; the SFT baseline is all SFT already
         kwargs.pop("sft_warmup_steps", None)
     try:
