@@ -164,13 +164,16 @@ def test_replay_keeps_the_agents_own_episodes_of_the_families_left_out(tmp_path)
     unlabelled = {**other[0], "scenario": None}
     silent = {**other[0], "messages": [m for m in other[0]["messages"] if m["role"] != "assistant"]}
     path = _replay_file(tmp_path / "base.jsonl", [*other, *kitchen, bundle, unlabelled, silent])
+    with open(path, "a") as f:
+        f.write('{"scenario": "other", "messages": [{"role": "assist\n')  # a line cut off by a killed rollout
 
     rows, summary = replay_episodes(path, drawn=["kitchen", "kitchen"], count=7, seed=0)
     assert len(rows) == 7 and {r["scenario"] for r in rows} == {"other"}
     texts = [json.dumps(r["messages"]) for r in rows]
     assert sorted(set(texts)) == sorted(json.dumps(r["messages"]) for r in other)  # every kept episode appears
     assert max(texts.count(t) for t in texts) == 3 and min(texts.count(t) for t in texts) == 2  # in whole rounds
-    assert summary["episodes_in_file"] == 8 and summary["episodes_kept"] == 3 and summary["rows"] == 7
+    assert summary["episodes_in_file"] == 9 and summary["episodes_kept"] == 3 and summary["rows"] == 7
+    assert summary["unreadable_lines"] == 1
     assert summary["families"] == {"other": 3} and summary["left_out_families"] == ["kitchen"]
     assert [r["messages"] for r in replay_episodes(path, ["kitchen"], 7, seed=0)[0]] == [r["messages"] for r in rows]
     assert all(set(r) == {"messages", "tools", "scenario"} for r in rows)

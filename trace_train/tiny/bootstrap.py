@@ -438,7 +438,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
         "examples": env_rows, "replayed_rows": len(rows) - env_rows, "train_seconds": train_s,
         "pretrain_steps": pretrain_steps, "frozen_circuit": cfg.freeze_circuit if circuit else None,
         "turns": turns, "truncated": truncated, "shared_prefix_tokens": prefix_len, "banded_window": local_window,
-        "scenario_counts": counts, "mixture": mixture_counts, "replay": replay, "lora": cfg.lora, "final_loss": losses[-1],
+        "scenario_counts": counts, "mixture": mixture_counts, "replay": replay, "lora": cfg.lora,
+        "final_loss": losses[-1],
         "turn_head_weight": cfg.turn_head_weight, "turn_head_tokens": cfg.turn_head_tokens,
         "seconds": time.perf_counter() - t0}})
     # An adapter folder is not a model folder: its record gets its own name, so model_metadata() of it is {}.

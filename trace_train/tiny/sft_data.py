@@ -103,13 +103,17 @@ def replay_episodes(path: str | Path, drawn: Iterable[str | None], count: int,
     """
     drawn_families = {f for s in drawn if s is not None for f in scenario_families(str(s))}
     labelled = any(s is not None for s in drawn)
-    kept, families, total = [], {}, 0
+    kept, families, total, unreadable = [], {}, 0, 0
     with open(path) as f:
         for line in f:
             if not line.strip():
                 continue
             total += 1
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # e.g. the last line of a rollout that was killed while writing it
+                unreadable += 1
+                continue
             scenario = record.get("scenario")
             if scenario is None and labelled:
                 continue
@@ -126,7 +130,7 @@ def replay_episodes(path: str | Path, drawn: Iterable[str | None], count: int,
         rng.shuffle(order)
         rows.extend(kept[i] for i in order[:count - len(rows)])
     return rows, {"path": str(path), "episodes_in_file": total, "episodes_kept": len(kept), "rows": len(rows),
-                  "families": families, "left_out_families": sorted(drawn_families)}
+                  "unreadable_lines": unreadable, "families": families, "left_out_families": sorted(drawn_families)}
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
