@@ -163,24 +163,38 @@ def test_replay_keeps_the_agents_own_episodes_of_the_families_left_out(tmp_path)
     bundle = {**kitchen[0], "scenario": "bundle:kitchen+other"}
     unlabelled = {**other[0], "scenario": None}
     silent = {**other[0], "messages": [m for m in other[0]["messages"] if m["role"] != "assistant"]}
-    path = _replay_file(tmp_path / "base.jsonl", [*other, *kitchen, bundle, unlabelled, silent])
+    # a capability env's label: its request kinds name the target family after their last colon
+    prefixed = {**other[1], "scenario": "cap:question:x", "task": {"families": ["question:kitchen"]}}
+    path = _replay_file(tmp_path / "base.jsonl", [*other, *kitchen, bundle, unlabelled, silent, prefixed])
     with open(path, "a") as f:
         f.write('{"scenario": "other", "messages": [{"role": "assist\n')  # a line cut off by a killed rollout
 
-    rows, summary = replay_episodes(path, drawn=["kitchen", "kitchen"], count=7, seed=0)
+    rows, summary = replay_episodes(path, drawn={"kitchen"}, count=7, seed=0)
     assert len(rows) == 7 and {r["scenario"] for r in rows} == {"other"}
     texts = [json.dumps(r["messages"]) for r in rows]
     assert sorted(set(texts)) == sorted(json.dumps(r["messages"]) for r in other)  # every kept episode appears
     assert max(texts.count(t) for t in texts) == 3 and min(texts.count(t) for t in texts) == 2  # in whole rounds
-    assert summary["episodes_in_file"] == 9 and summary["episodes_kept"] == 3 and summary["rows"] == 7
+    assert summary["episodes_in_file"] == 10 and summary["episodes_kept"] == 3 and summary["rows"] == 7
     assert summary["unreadable_lines"] == 1
     assert summary["families"] == {"other": 3} and summary["left_out_families"] == ["kitchen"]
     assert [r["messages"] for r in replay_episodes(path, ["kitchen"], 7, seed=0)[0]] == [r["messages"] for r in rows]
     assert all(set(r) == {"messages", "tools", "scenario"} for r in rows)
 
-    everything, summary = replay_episodes(path, drawn=[None], count=6)  # unlabelled training episodes
-    assert summary["episodes_kept"] == 7 and len(everything) == 6  # all but the one without an assistant turn
-    assert replay_episodes(path, drawn=["other", "kitchen"], count=5)[0] == []
+    everything, summary = replay_episodes(path, drawn=set(), count=6)  # training episodes without labels
+    assert summary["episodes_kept"] == 8 and len(everything) == 6  # all but the one without an assistant turn
+    assert replay_episodes(path, drawn={"other", "kitchen"}, count=5)[0] == []
+    assert replay_episodes(path, drawn={"other"}, count=3)[1]["families"] == {"kitchen": 3}  # `prefixed` too
+
+
+def test_target_families_read_the_request_kinds_before_the_label():
+    from trace_train.tiny.sft_data import target_families
+
+    assert target_families({"families": ["sdr_question:flight_status"]}, "sdr:sdr_question:flight_status") == {
+        "flight_status"}
+    assert target_families({"families": ["cancel", "info"]}, "bundle:cancel+info") == {"cancel", "info"}
+    assert target_families(None, "bundle:cancel+info") == {"bundle:cancel+info", "cancel", "info"}
+    assert target_families({"families": []}, "kitchen") == {"kitchen"}
+    assert target_families(None, None) == set()
 
 
 def test_bootstrap_replays_the_left_out_families(model_dir, tmp_path):
@@ -201,6 +215,7 @@ def test_bootstrap_replays_the_left_out_families(model_dir, tmp_path):
     oracle = model_metadata(result.path)["bootstrap"]["scenario_counts"]["other"]["kept"]
     assert result.examples == oracle and result.replayed == replay["rows"] == round(0.4 / 0.6 * oracle) > 0
     assert replay["episodes_kept"] == 3 and replay["families"] == {"kitchen": 3}
+    assert replay["left_out_families"] == ["other"]
     with pytest.raises(ValueError, match="replay_share > 0 needs replay"):
         BootstrapConfig(target=SCENARIO_ENV, replay_share=0.2)
     for bad in (1.0, -0.1, True):

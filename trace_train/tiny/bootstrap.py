@@ -33,7 +33,7 @@ from typing import Any, Callable
 from .build import build_model
 from .copy_circuit import FREEZE_CHOICES, CopyCircuit, circuit_of, freeze_copy_circuit
 from .metadata import cache_root, model_metadata, prompt_env_kwargs
-from .sft_data import oracle_trajectories, replay_episodes, sft_rows, shared_prefix_length
+from .sft_data import oracle_trajectories, replay_episodes, sft_rows, shared_prefix_length, target_families
 from .sft_forward import _targets_only_supported, local_attention_mass, sft_loss
 from .tokenizer import default_corpus_envs
 
@@ -320,7 +320,8 @@ def bootstrap_model(cfg: BootstrapConfig, progress: bool = True,
     replay, replayed = None, []
     if cfg.replay_share > 0:
         count = round(cfg.replay_share / (1.0 - cfg.replay_share) * len(records))
-        replayed, replay = replay_episodes(cfg.replay, (r.get("scenario") for r in records), count, seed=cfg.seed)
+        drawn = {f for r in records for f in r.get("families") or target_families(None, r.get("scenario"))}
+        replayed, replay = replay_episodes(cfg.replay, drawn, count, seed=cfg.seed)
         if not replayed:
             logger.warning("replay: none of the %d episodes in %s is of a family the training episodes leave out "
                            "(they draw %s); nothing replayed", replay["episodes_in_file"], cfg.replay,

@@ -36,6 +36,17 @@ def scenario_families(scenario: str) -> list[str]:
     return [scenario]
 
 
+def target_families(task: dict | None, scenario: str | None = None) -> set[str]:
+    """The target families an episode is about: its task's request kinds (``task_info()["families"]``), each as
+    the family after its last colon (``sdr_question:flight_status`` → ``flight_status``, the generator's
+    :func:`~trace_envs.domains.task.request_family`), so that a capability env's episodes and the target's
+    compare; without them, the families its scenario label names (:func:`scenario_families`); else none."""
+    kinds = (task or {}).get("families")
+    if isinstance(kinds, (list, tuple)) and kinds:
+        return {str(k).rsplit(":", 1)[-1] for k in kinds}
+    return set(scenario_families(str(scenario))) if scenario is not None else set()
+
+
 def _kept_at_share(seed: int, share: float) -> bool:
     """Whether episode ``seed`` is among the ``share`` of its family that is kept (a pure function of the seed)."""
     digest = hashlib.sha256(f"scenario-share:{seed}".encode()).digest()
@@ -78,6 +89,11 @@ def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Se
                 c["failed"] += 1  # an oracle that fails is an env bug; never train on it
                 continue
             record["scenario"] = scenario
+            try:
+                task = env.unwrapped.task_info()
+            except Exception:
+                task = None
+            record["families"] = sorted(target_families(task if isinstance(task, dict) else None, scenario))
             records.append(record)
             c["kept"] += 1
     finally:
@@ -85,24 +101,24 @@ def oracle_trajectories(target: str, seeds: Iterable[int], exclude_scenarios: Se
     return records, counts
 
 
-def replay_episodes(path: str | Path, drawn: Iterable[str | None], count: int,
+def replay_episodes(path: str | Path, drawn: Iterable[str], count: int,
                     seed: int = 0) -> tuple[list[dict], dict]:
     """``count`` rows of the agent's own episodes in a trajectories file, for SFT *replay*.
 
     A LoRA fitted on one capability env's oracle episodes forgets what the base did on the target's other
     requests (measured on the planted recipe: the precondition adapter answered 0 of 130 flight-status and info
     requests, the base 46; docs/headline.md). Mixing the base's own episodes of those requests into the SFT rows
-    asks the adapter to keep the base's behaviour there. Kept are the episodes whose scenario family (or any
-    family of a bundle) is none of ``drawn``, the families the training envs' own episodes drew: on those the
-    env teaches the skill, and the base's own answers (which the skill corrects) would pull against it. An
-    episode without a scenario label is kept only when ``drawn`` holds no label either. They are the agent's
-    episodes as recorded, failures included: replay keeps the base's behaviour; it adds no reward.
+    asks the adapter to keep the base's behaviour there. Kept are the episodes none of whose target families
+    (:func:`target_families`) is in ``drawn``, the families the training envs' own episodes drew: on those the
+    env teaches the skill, and the base's own answers (which the skill corrects) would pull against it. When
+    ``drawn`` is empty (training episodes without family labels) every episode is kept; otherwise an episode
+    without labels is left out. They are the agent's episodes as recorded, failures included: replay keeps the
+    base's behaviour; it adds no reward.
 
     The kept episodes repeat in a seeded order until ``count`` rows are drawn. Returns ``(records, summary)``;
     ``records`` is empty when no episode is kept.
     """
-    drawn_families = {f for s in drawn if s is not None for f in scenario_families(str(s))}
-    labelled = any(s is not None for s in drawn)
+    drawn = set(drawn)
     kept, families, total, unreadable = [], {}, 0, 0
     with open(path) as f:
         for line in f:
@@ -115,14 +131,14 @@ def replay_episodes(path: str | Path, drawn: Iterable[str | None], count: int,
                 unreadable += 1
                 continue
             scenario = record.get("scenario")
-            if scenario is None and labelled:
-                continue
-            if scenario is not None and drawn_families & set(scenario_families(str(scenario))):
+            found = target_families(record.get("task"), scenario)
+            if drawn and (not found or found & drawn):
                 continue
             if not record.get("messages") or not any(m.get("role") == "assistant" for m in record["messages"]):
                 continue
             kept.append({"messages": record["messages"], "tools": record.get("tools"), "scenario": scenario})
-            families[str(scenario)] = families.get(str(scenario), 0) + 1
+            for family in sorted(found) or ["(none)"]:
+                families[family] = families.get(family, 0) + 1
     rows: list[dict] = []
     rng = random.Random(seed)
     while kept and len(rows) < count:
@@ -130,7 +146,7 @@ def replay_episodes(path: str | Path, drawn: Iterable[str | None], count: int,
         rng.shuffle(order)
         rows.extend(kept[i] for i in order[:count - len(rows)])
     return rows, {"path": str(path), "episodes_in_file": total, "episodes_kept": len(kept), "rows": len(rows),
-                  "unreadable_lines": unreadable, "families": families, "left_out_families": sorted(drawn_families)}
+                  "unreadable_lines": unreadable, "families": families, "left_out_families": sorted(drawn)}
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
