@@ -114,7 +114,7 @@ class BootstrapConfig:
             pre-training phase, where every token is a target.
         turn_head_tokens: how many tokens open a turn for ``turn_head_weight``.
         replay: a trajectories file (JSON lines) of the base agent's own episodes, usually on the target (the
-            pipeline passes its rollouts): with ``replay_share``, its episodes of the scenario families the
+            pipeline passes its rollouts): with ``replay_share``, its episodes of the target families the
             training episodes never draw join the SFT rows, so that a LoRA keeps the base's behaviour on them
             (:func:`~trace_train.tiny.sft_data.replay_episodes`).
         replay_share: the share of the SFT rows that are replayed episodes (0: off), repeated as needed:

@@ -38,12 +38,14 @@ def scenario_families(scenario: str) -> list[str]:
 
 def target_families(task: dict | None, scenario: str | None = None) -> set[str]:
     """The target families an episode is about: its task's request kinds (``task_info()["families"]``), each as
-    the family after its last colon (``sdr_question:flight_status`` → ``flight_status``, the generator's
-    :func:`~trace_envs.domains.task.request_family`), so that a capability env's episodes and the target's
+    the family the generator matches (:func:`~trace_envs.domains.task.request_family`:
+    ``sdr_question:flight_status`` → ``flight_status``), so that a capability env's episodes and the target's
     compare; without them, the families its scenario label names (:func:`scenario_families`); else none."""
+    from trace_envs.domains.task import request_family
+
     kinds = (task or {}).get("families")
     if isinstance(kinds, (list, tuple)) and kinds:
-        return {str(k).rsplit(":", 1)[-1] for k in kinds}
+        return {request_family(str(k)) for k in kinds}
     return set(scenario_families(str(scenario))) if scenario is not None else set()
 
 
