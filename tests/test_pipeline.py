@@ -194,7 +194,8 @@ def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(t
 
 def test_sft_replay_share_replays_the_runs_own_rollouts(tmp_path):
     """train.options.sft_replay_share: every SFT fit (each GRPO run's warm-up and the SFT baseline) replays the
-    base's episodes the rollout stage recorded; a run without them is refused with the option's name."""
+    base's episodes the rollout stage recorded, and train.options.grpo_replay_weight puts them in the GRPO runs'
+    loss (not the SFT baseline's); a run without them is refused with the option's name."""
     from trace_train.pipeline.runner import Context
     from trace_train.pipeline.stages.train import _train_job
 
@@ -209,6 +210,11 @@ def test_sft_replay_share_replays_the_runs_own_rollouts(tmp_path):
     rollouts.write_text("")
     for job in (_train_job(ctx, "pv", env, 10), _train_job(ctx, "_sft", env, 10, sft=True)):
         assert job["cfg"].sft_replay == str(rollouts) and job["cfg"].sft_replay_share == 0.25
+    grpo = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "options": {"grpo_replay_weight": 2.0}}})
+    gctx = Context(cfg=grpo, run_dir=tmp_path, state={"stages": {}}, progress=False)
+    held = _train_job(gctx, "pv", env, 10)["cfg"]  # GRPO's replay term reads the same file
+    assert held.sft_replay == str(rollouts) and held.grpo_replay_weight == 2.0 and held.sft_replay_share == 0.0
+    assert _train_job(gctx, "_sft", env, 10, sft=True)["cfg"].grpo_replay_weight == 0.0  # the term is GRPO's
     plain = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "options": {"sft_warmup_steps": 50}}})
     cold = _train_job(Context(cfg=plain, run_dir=tmp_path, state={"stages": {}}, progress=False), "pv", env, 10)
     assert cold["cfg"].sft_replay is None and cold["cfg"].sft_replay_share == 0.0

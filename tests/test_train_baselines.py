@@ -203,6 +203,100 @@ def test_replay_reaches_the_sft_code_and_keys_the_warmup(tmp_path, monkeypatch):
             TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay=str(replay), sft_replay_share=bad)
 
 
+def _oracle_file(path, env_id: str, seeds) -> None:
+    """A trajectories file of ``env_id``'s oracle episodes, labelled with their scenarios as a rollout's are
+    (standing in for a base's own rollouts)."""
+    from trace_train.tiny.sft_data import oracle_trajectories
+
+    records, _ = oracle_trajectories(env_id, seeds, env_kwargs={"difficulty": 1, "prompt": "compact"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _replay_nll_of(model_dir: str, adapter, rows) -> float:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.train.replay import replay_nll
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    with torch.no_grad():
+        return float(replay_nll(model.eval(), rows, 0, "cpu"))
+
+
+@pytest.mark.slow
+def test_grpo_replay_term_pulls_the_adapter_toward_the_replayed_episodes(nano, tmp_path):
+    """``grpo_replay_weight``: every GRPO step adds the NLL of replayed episodes (another env's, so of families
+    the trained env never draws) to the loss. Sampled near-greedily, a group's two rollouts are the same episode, so
+    GRPO's own advantages are zero and its term moves nothing: without replay the adapter stays the base; with it
+    the replayed episodes' NLL falls.
+    The log, ``replay.json`` and ``trace_adapter.json`` say what was replayed."""
+    from transformers import AutoTokenizer
+
+    from trace_train.train.grpo import TrainConfig, read_log, train
+    from trace_train.train.replay import REPLAY_MAX_LENGTH, drawn_families, replay_batches
+
+    replay = tmp_path / "base.jsonl"
+    _oracle_file(replay, "trace/structured_data_reasoning-v0", range(3))
+    cfg = dict(env_ids=ENVS[:1], env_kwargs={"difficulty": 1}, model=nano, max_steps=3, group_size=2,
+               groups_per_step=1, learning_rate=5e-3, temperature=1e-3, calibration_groups=0, num_seeds=1,
+               max_turn_tokens=8, max_tool_calling_iterations=2, progress=False, plot=False, sft_replay=str(replay))
+    plain = train(TrainConfig(**cfg, output_dir=str(tmp_path / "plain")))
+    held = train(TrainConfig(**cfg, output_dir=str(tmp_path / "held"), grpo_replay_weight=5.0, grpo_replay_batch=2))
+    assert [r["reward_std"] for r in read_log(plain.log_csv)] == [0.0] * 3  # no signal of GRPO's own
+
+    tokenizer = AutoTokenizer.from_pretrained(nano)
+    drawn = drawn_families(ENVS[:1], {ENVS[0]: {"difficulty": 1}}, 0, seeds=4)
+    rows = replay_batches(str(replay), drawn, tokenizer, 3, REPLAY_MAX_LENGTH).rows
+    assert len(rows) == 3
+    base_nll = _replay_nll_of(nano, None, rows)
+    assert abs(_replay_nll_of(nano, plain.adapter_dir, rows) - base_nll) < 1e-4
+    assert _replay_nll_of(nano, held.adapter_dir, rows) < base_nll - 0.05
+
+    logged = [r["replay_nll"] for r in read_log(held.log_csv)]
+    assert len(logged) == 3 and all(v is not None and v > 0 for v in logged)
+    assert all(r["replay_nll"] is None for r in read_log(plain.log_csv))
+    summary = json.loads((tmp_path / "held" / "replay.json").read_text())
+    assert summary["episodes_kept"] == summary["rows"] == 3
+    meta = json.loads((held.adapter_dir / "trace_adapter.json").read_text())
+    assert meta["grpo_replay"]["weight"] == 5.0 and meta["grpo_replay"]["rows"] == 3
+    assert json.loads((plain.adapter_dir / "trace_adapter.json").read_text())["grpo_replay"] is None
+
+
+def test_grpo_replay_serves_every_episode_once_per_epoch_and_is_checked(tmp_path):
+    """The replayed rows come ``batch`` at a time, each once per epoch in a seeded order; bad settings fail with
+    the field's name."""
+    from trace_train.train.grpo import ConfigError, TrainConfig
+    from trace_train.train.replay import ReplayBatches
+
+    rows = [([i], [i]) for i in range(5)]
+
+    def served(seed: int, calls: int) -> list[int]:
+        batches = ReplayBatches(rows=rows, batch=2, seed=seed)
+        return [r[0][0] for _ in range(calls) for r in batches.next()]
+
+    drawn = served(7, 5)
+    assert sorted(drawn[:5]) == [0, 1, 2, 3, 4] and sorted(drawn[5:10]) == [0, 1, 2, 3, 4]
+    assert served(7, 5) == drawn and served(8, 5) != drawn  # the seed fixes the order
+    assert len(ReplayBatches(rows=rows[:1], batch=4).next()) == 1
+
+    replay = tmp_path / "base.jsonl"
+    replay.write_text("{}\n")
+    with pytest.raises(ConfigError, match="sft_replay"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", grpo_replay_weight=1.0)
+    for bad in (-1.0, True, "1"):
+        with pytest.raises(ConfigError, match="grpo_replay_weight"):
+            TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay=str(replay), grpo_replay_weight=bad)
+    with pytest.raises(ConfigError, match="grpo_replay_batch"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay=str(replay), grpo_replay_weight=1.0,
+                    grpo_replay_batch=0)
+    with pytest.raises(ConfigError, match="grpo_replay_weight"):
+        TrainConfig(env_ids=ENVS[:1], model="m", output_dir="o", sft_replay=str(replay), grpo_replay_weight=1.0,
+                    sft=True)
+
+
 def test_calibration_warns_with_the_figures_and_the_knob(nano, tmp_path, caplog):
     """A random base is never right: the calibration before training says so, with what to turn."""
     import logging

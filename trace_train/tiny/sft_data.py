@@ -110,15 +110,28 @@ def replay_episodes(path: str | Path, drawn: Iterable[str], count: int,
     A LoRA fitted on one capability env's oracle episodes forgets what the base did on the target's other
     requests (measured on the planted recipe: the precondition adapter answered 0 of 130 flight-status and info
     requests, the base 46; docs/headline.md). Mixing the base's own episodes of those requests into the SFT rows
-    asks the adapter to keep the base's behaviour there. Kept are the episodes none of whose target families
-    (:func:`target_families`) is in ``drawn``, the families the training envs' own episodes drew: on those the
-    env teaches the skill, and the base's own answers (which the skill corrects) would pull against it. When
-    ``drawn`` is empty (training episodes without family labels) every episode is kept; otherwise an episode
-    without labels is left out. They are the agent's episodes as recorded, failures included: replay keeps the
-    base's behaviour; it adds no reward.
+    asks the adapter to keep the base's behaviour there. The episodes are :func:`left_out_episodes`, repeated in a
+    seeded order until ``count`` rows are drawn. Returns ``(records, summary)``; ``records`` is empty when no
+    episode is kept.
+    """
+    kept, summary = left_out_episodes(path, drawn)
+    rows: list[dict] = []
+    rng = random.Random(seed)
+    while kept and len(rows) < count:
+        order = list(range(len(kept)))
+        rng.shuffle(order)
+        rows.extend(kept[i] for i in order[:count - len(rows)])
+    return rows, {**summary, "rows": len(rows)}
 
-    The kept episodes repeat in a seeded order until ``count`` rows are drawn. Returns ``(records, summary)``;
-    ``records`` is empty when no episode is kept.
+
+def left_out_episodes(path: str | Path, drawn: Iterable[str]) -> tuple[list[dict], dict]:
+    """The episodes of a trajectories file none of whose target families (:func:`target_families`) is in
+    ``drawn``, the families the training envs' own episodes draw: on those the env teaches the skill, and the
+    base's own answers (which the skill corrects) would pull against it. When ``drawn`` is empty (training
+    episodes without family labels) every episode is kept; otherwise an episode without labels is left out.
+    They are the agent's episodes as recorded, failures included: replaying them keeps the base's behaviour; it
+    adds no reward. An unreadable line (the last line of a rollout killed while writing it) is counted and
+    skipped. Returns ``(records, summary)``; each record keeps ``messages``, ``tools`` and ``scenario``.
     """
     drawn = set(drawn)
     kept, families, total, unreadable = [], {}, 0, 0
@@ -129,7 +142,7 @@ def replay_episodes(path: str | Path, drawn: Iterable[str], count: int,
             total += 1
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:  # e.g. the last line of a rollout that was killed while writing it
+            except json.JSONDecodeError:
                 unreadable += 1
                 continue
             scenario = record.get("scenario")
@@ -141,13 +154,7 @@ def replay_episodes(path: str | Path, drawn: Iterable[str], count: int,
             kept.append({"messages": record["messages"], "tools": record.get("tools"), "scenario": scenario})
             for family in sorted(found) or ["(none)"]:
                 families[family] = families.get(family, 0) + 1
-    rows: list[dict] = []
-    rng = random.Random(seed)
-    while kept and len(rows) < count:
-        order = list(range(len(kept)))
-        rng.shuffle(order)
-        rows.extend(kept[i] for i in order[:count - len(rows)])
-    return rows, {"path": str(path), "episodes_in_file": total, "episodes_kept": len(kept), "rows": len(rows),
+    return kept, {"path": str(path), "episodes_in_file": total, "episodes_kept": len(kept),
                   "unreadable_lines": unreadable, "families": families, "left_out_families": sorted(drawn)}
 
 

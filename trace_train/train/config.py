@@ -130,12 +130,18 @@ class TrainConfig:
                                         "count this many times in the loss, where a turn's decision sits (message "
                                         "or call, which tool, go ahead or refuse) among tokens copied from the "
                                         "context (1 = a plain token mean)", default=1.0)
-    sft_replay: str | None = _help("SFT (--sft and the warm-up): a trajectories file of the base's own episodes "
-                                   "(the pipeline passes its rollouts on the target); with sft_replay_share its "
-                                   "episodes of the families the envs never draw join the SFT rows, so the "
-                                   "adapter keeps the base's behaviour there", default=None)
+    sft_replay: str | None = _help("a trajectories file of the base's own episodes (the pipeline passes its "
+                                   "rollouts on the target): its episodes of the families the envs never draw "
+                                   "are replayed, in the SFT rows with sft_replay_share and in GRPO's loss with "
+                                   "grpo_replay_weight, so the adapter keeps the base's behaviour there",
+                                   default=None)
     sft_replay_share: float = _help("SFT (--sft and the warm-up): the share of the SFT rows replayed from "
                                     "sft_replay (0 = off)", default=0.0)
+    grpo_replay_weight: float = _help("GRPO: every step's loss adds this weight times the mean NLL of the agent "
+                                      "turns of grpo_replay_batch episodes replayed from sft_replay, so GRPO "
+                                      "does not take back the base's behaviour on the families the envs never "
+                                      "draw (0 = off; trace_train.train.replay)", default=0.0)
+    grpo_replay_batch: int = _help("GRPO: replayed episodes per step (grpo_replay_weight)", default=2)
 
     # ------------------------------------------------------------------ device, checkpoints, logs
     device: str = _help("cpu (fp32, one torch thread, use_cpu), cuda (bf16, optional vLLM), or auto", default="auto")
@@ -248,6 +254,18 @@ class TrainConfig:
         if isinstance(self.sft_replay_share, bool) or not isinstance(self.sft_replay_share, (int, float)) \
                 or not 0.0 <= self.sft_replay_share < 1.0:
             self._fail("sft_replay_share", "use a number in [0, 1): the share of the SFT rows replayed (0 = off)")
+        if isinstance(self.grpo_replay_weight, bool) or not isinstance(self.grpo_replay_weight, (int, float)) \
+                or not self.grpo_replay_weight >= 0:
+            self._fail("grpo_replay_weight", "use a number >= 0: the weight of the replayed episodes' NLL in "
+                                             "GRPO's loss (0 = off)")
+        if isinstance(self.grpo_replay_batch, bool) or not isinstance(self.grpo_replay_batch, int) \
+                or self.grpo_replay_batch < 1:
+            self._fail("grpo_replay_batch", "use a positive integer: replayed episodes per GRPO step")
+        if self.grpo_replay_weight > 0 and not self.sft_replay:
+            self._fail("sft_replay", "give the trajectories file of the base's own episodes to replay "
+                                     "(e.g. a run's rollouts/trajectories.jsonl), or grpo_replay_weight: 0")
+        if self.grpo_replay_weight > 0 and self.sft:
+            self._fail("grpo_replay_weight", "the replay term is GRPO's; an SFT run replays with sft_replay_share")
         if self.sft_replay_share > 0 and not self.sft_replay:
             self._fail("sft_replay", "give the trajectories file of the base's own episodes to replay "
                                      "(e.g. a run's rollouts/trajectories.jsonl), or sft_replay_share: 0")

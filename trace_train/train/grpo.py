@@ -73,7 +73,7 @@ ENDPOINT_TIMEOUT_S = 300.0
 
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
-               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "grad_norm",
+               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "replay_nll", "grad_norm",
                "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s", "forward_backward_s", "optimizer_s",
                "step_s", "reward_by_env")
 
@@ -487,6 +487,22 @@ def _trainer_class():
 
         #: Set by :func:`train`: compute the loss's log-probs with the batch's shared prefix encoded once.
         trace_shared_prefix = False
+        #: Set by :func:`train` with ``grpo_replay_weight``: (weight, :class:`~.replay.ReplayBatches`, pad id).
+        trace_replay = None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+            if self.trace_replay is None or not model.training:
+                return loss
+            from .replay import replay_nll
+
+            weight, batches, pad_id = self.trace_replay
+            with self.accelerator.autocast():
+                nll = replay_nll(self.accelerator.unwrap_model(model), batches.next(), pad_id,
+                                 str(self.accelerator.device))
+            self._metrics["train"]["replay_nll"].append(float(nll.detach()))
+            return loss + weight * nll
 
         def _generate_and_score_completions(self, inputs):
             self._trace_rows = inputs
@@ -570,6 +586,7 @@ def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path
                    "episodes": last.get("episodes", cfg.batch_rollouts), "kl": logs.get("kl"),
                    "completion_length": logs.get("completions/mean_length"),
                    "clipped_ratio": logs.get("completions/clipped_ratio"), "loss": logs.get("loss"),
+                   "replay_nll": logs.get("replay_nll"),
                    "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
                    "generation_s": last.get("generation_s"), "env_s": last.get("env_s"),
                    "encode_s": last.get("encode_s"), "rollout_s": rollout_s,
@@ -772,6 +789,17 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     trainer = trainer_cls(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
                           peft_config=peft_config, callbacks=[logger_cb, *callbacks], **extra)
     trainer.trace_shared_prefix = _shared_prefix_loss(cfg, trainer.model, device)
+    if cfg.grpo_replay_weight > 0:
+        if trainer.accelerator.num_processes > 1:
+            raise ConfigError("grpo_replay_weight runs the replayed episodes outside DDP's forward; train on one "
+                              "process, or set grpo_replay_weight: 0")
+        from .replay import REPLAY_MAX_LENGTH, drawn_families, replay_batches
+
+        batches = replay_batches(cfg.sft_replay, drawn_families(cfg.env_ids, env_kwargs, cfg.train_seed_range()[0]),
+                                 tokenizer, cfg.grpo_replay_batch, REPLAY_MAX_LENGTH, seed=cfg.seed)
+        if batches is not None:
+            trainer.trace_replay = (float(cfg.grpo_replay_weight), batches, tokenizer.pad_token_id)
+            (out / "replay.json").write_text(json.dumps(batches.summary, indent=2))
     if cfg.max_minutes:
         trainer.add_callback(_time_budget(cfg.max_minutes))
     trainer.train(resume_from_checkpoint=resume_from)
@@ -781,7 +809,9 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     tokenizer.save_pretrained(str(cfg.adapter_dir))
     (cfg.adapter_dir / "trace_adapter.json").write_text(json.dumps(
         {"base_model": str(cfg.model), "method": "grpo", "env_ids": cfg.env_ids, "env_kwargs": env_kwargs,
-         "steps": trainer.state.global_step, "sft_warmup_steps": cfg.sft_warmup_steps}, indent=2))
+         "steps": trainer.state.global_step, "sft_warmup_steps": cfg.sft_warmup_steps,
+         "grpo_replay": ({"weight": cfg.grpo_replay_weight, **trainer.trace_replay[1].summary}
+                         if trainer.trace_replay else None)}, indent=2))
     curve = plot_reward_curve(log_csv, out / "reward_curve.png",
                               f"GRPO on {', '.join(cfg.env_ids)}") if cfg.plot and log_csv.exists() else None
     rows = read_log(log_csv) if log_csv.exists() else []

@@ -44,7 +44,9 @@ def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
               "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
     if minutes is not None and not sft:
         kwargs["max_minutes"] = minutes
-    if kwargs.get("sft_replay_share") and not kwargs.get("sft_replay"):
+    if sft:  # the replay term is GRPO's; the SFT baseline replays through sft_replay_share
+        kwargs.pop("grpo_replay_weight", None)
+    if (kwargs.get("sft_replay_share") or kwargs.get("grpo_replay_weight")) and not kwargs.get("sft_replay"):
         # The base's own episodes on the target: the rollout stage's. (The stage reads them without listing
         # "rollout" among its inputs: they reach it through the diagnosis, whose outputs change with them.)
         kwargs["sft_replay"] = str(ctx.path("rollouts", "trajectories.jsonl"))

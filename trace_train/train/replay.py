@@ -1,0 +1,101 @@
+"""GRPO replay: an NLL term on the base's own episodes of the families the capability envs never draw.
+
+A LoRA trained by GRPO on one capability env learns that env's skill and, on the planted recipe, forgets what the
+base did on the target's other requests: the precondition adapter answered 0 of 130 flight-status and information
+requests (the base 46; docs/headline.md). Replaying the base's episodes in the SFT warm-up alone does not hold:
+GRPO takes back within 10 steps what the warm-up kept (flight status 15 → 7 of 54). This term keeps them in
+every step's loss instead, as PPO-ptx keeps the pre-training data in InstructGPT's RL loss::
+
+    loss = grpo_loss + grpo_replay_weight × mean NLL(agent turns of grpo_replay_batch replayed episodes)
+
+The replayed episodes are those of :func:`~trace_train.tiny.sft_data.left_out_episodes`: the base's own
+(sampled) episodes on the target whose families no training env draws, failures included. Their NLL under the
+adapter is, up to the base's entropy, a KL from the base on the base's own states; it adds no reward and no
+target success, only "do there what the base did".
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+#: Oracle episodes per env read to learn which target families the env draws.
+FAMILY_PROBE_SEEDS = 64
+#: Longest replayed row in tokens (the SFT warm-up's; turns beyond it are left out).
+REPLAY_MAX_LENGTH = 4096
+
+
+def drawn_families(env_ids: Sequence[str], env_kwargs: dict[str, dict], first_seed: int,
+                   seeds: int = FAMILY_PROBE_SEEDS) -> set[str]:
+    """The target families the envs' own episodes draw, read from their oracle episodes on ``seeds`` training
+    seeds from ``first_seed`` (the families a task names do not depend on the agent)."""
+    from ..tiny.sft_data import oracle_trajectories
+
+    drawn: set[str] = set()
+    for env_id in env_ids:
+        kwargs = {k: v for k, v in env_kwargs.get(env_id, {}).items() if k != "prompt"}
+        records, _ = oracle_trajectories(env_id, range(first_seed, first_seed + seeds), env_kwargs=kwargs)
+        drawn.update(f for r in records for f in r.get("families") or [])
+    return drawn
+
+
+@dataclass
+class ReplayBatches:
+    """Token rows of the replayed episodes, served ``batch`` at a time in seeded epochs (every episode once per
+    epoch, a fresh order each epoch).
+
+    Args:
+        rows: ``(ids, labels)`` per episode, labels -100 outside the agent's turns (:func:`sft_rows`).
+        batch: rows per call of :meth:`next`.
+        seed: the order's seed.
+    """
+
+    rows: list[tuple[list[int], list[int]]]
+    batch: int
+    seed: int = 0
+    summary: dict = field(default_factory=dict)
+    _order: list[int] = field(default_factory=list, repr=False)
+    _epoch: int = field(default=0, repr=False)
+
+    def next(self) -> list[tuple[list[int], list[int]]]:
+        out = []
+        while len(out) < min(self.batch, len(self.rows)):
+            if not self._order:
+                self._order = list(range(len(self.rows)))
+                random.Random(f"{self.seed}:{self._epoch}").shuffle(self._order)
+                self._epoch += 1
+            out.append(self.rows[self._order.pop()])
+        return out
+
+
+def replay_batches(path: str, drawn: set[str], tokenizer, batch: int, max_length: int,
+                   seed: int = 0) -> ReplayBatches | None:
+    """The replayed episodes of ``path`` (families outside ``drawn``) as :class:`ReplayBatches`, or ``None``
+    (with a warning) when the file holds none."""
+    from ..tiny.sft_data import left_out_episodes, sft_rows
+
+    kept, summary = left_out_episodes(path, drawn)
+    rows, turns, dropped = sft_rows(tokenizer, kept, max_length)
+    summary = {**summary, "rows": len(rows), "turns": turns, "turns_cut": dropped}
+    if not rows:
+        logger.warning("GRPO replay: none of the %d episodes in %s is of a family the envs leave out (they draw "
+                       "%s); the replay term is off", summary["episodes_in_file"], path,
+                       ", ".join(sorted(drawn)) or "no labelled family")
+        return None
+    logger.info("GRPO replay: %d episodes of %s (families %s)", len(rows), path, summary["families"])
+    return ReplayBatches(rows=rows, batch=batch, seed=seed, summary=summary)
+
+
+def replay_nll(model, rows: list[tuple[list[int], list[int]]], pad_id: int, device: str):
+    """Mean NLL of the agent-turn tokens of ``rows`` under ``model`` (a causal LM; a PEFT model's adapters are
+    active), with gradients: the bootstrap's SFT loss (:func:`~trace_train.tiny.sft_forward.sft_loss`), the
+    rows' shared system prompt run once."""
+    from ..tiny.sft_data import shared_prefix_length
+    from ..tiny.sft_forward import sft_loss
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return sft_loss(base, rows, pad_id, prefix_len=shared_prefix_length(rows), device=device)
