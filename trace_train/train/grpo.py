@@ -73,9 +73,9 @@ ENDPOINT_TIMEOUT_S = 300.0
 
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one).
 LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
-               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss", "replay_nll", "grad_norm",
-               "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s", "forward_backward_s", "optimizer_s",
-               "step_s", "reward_by_env")
+               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss",
+               "replay_nll", "grad_norm", "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s",
+               "forward_backward_s", "optimizer_s", "step_s", "reward_by_env")
 
 __all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "train"]
 

@@ -12,6 +12,11 @@ The replayed episodes are those of :func:`~trace_train.tiny.sft_data.left_out_ep
 (sampled) episodes on the target whose families no training env draws, failures included. Their NLL under the
 adapter is, up to the base's entropy, a KL from the base on the base's own states; it adds no reward and no
 target success, only "do there what the base did".
+
+Measured on the planted recipe (seed 0; docs/headline.md, "Replay in GRPO's loss"): with a weight of 4 or more
+the precondition adapter's last step answers 28-31 of 54 flight-status requests (without the term 3), but steps
+10-20 do not keep them, and GRPO's own drift on cancellations is untouched; the recipe leaves the term off.
+A resumed run starts the replay order again from its first epoch.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ def drawn_families(env_ids: Sequence[str], env_kwargs: dict[str, dict], first_se
 
     drawn: set[str] = set()
     for env_id in env_ids:
-        kwargs = {k: v for k, v in env_kwargs.get(env_id, {}).items() if k != "prompt"}
-        records, _ = oracle_trajectories(env_id, range(first_seed, first_seed + seeds), env_kwargs=kwargs)
+        records, _ = oracle_trajectories(env_id, range(first_seed, first_seed + seeds),
+                                         env_kwargs=env_kwargs.get(env_id, {}))
         drawn.update(f for r in records for f in r.get("families") or [])
     return drawn
 
