@@ -13,8 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def scenario_of(env: Any) -> str | None:
@@ -115,13 +118,18 @@ def replay_episodes(path: str | Path, drawn: Iterable[str], count: int,
     episode is kept.
     """
     kept, summary = left_out_episodes(path, drawn)
-    rows: list[dict] = []
-    rng = random.Random(seed)
-    while kept and len(rows) < count:
-        order = list(range(len(kept)))
-        rng.shuffle(order)
-        rows.extend(kept[i] for i in order[:count - len(rows)])
+    rows = list(islice(seeded_epochs(kept, seed), count))
     return rows, {**summary, "rows": len(rows)}
+
+
+def seeded_epochs(items: Sequence[T], seed: int = 0) -> Iterator[T]:
+    """``items`` over and over, each epoch every item once in a fresh order drawn from one ``random.Random(seed)``
+    (nothing when ``items`` is empty). SFT replay takes its first rows from it; GRPO replay a batch a step."""
+    rng = random.Random(seed)
+    while items:
+        order = list(range(len(items)))
+        rng.shuffle(order)
+        yield from (items[i] for i in order)
 
 
 def left_out_episodes(path: str | Path, drawn: Iterable[str]) -> tuple[list[dict], dict]:

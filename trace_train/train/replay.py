@@ -22,9 +22,9 @@ A resumed run starts the replay order again from its first epoch.
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def drawn_families(env_ids: Sequence[str], env_kwargs: dict[str, dict], first_se
 @dataclass
 class ReplayBatches:
     """Token rows of the replayed episodes, served ``batch`` at a time in seeded epochs (every episode once per
-    epoch, a fresh order each epoch).
+    epoch, a fresh order each epoch: :func:`~trace_train.tiny.sft_data.seeded_epochs`).
 
     Args:
         rows: ``(ids, labels)`` per episode, labels -100 outside the agent's turns (:func:`sft_rows`).
@@ -63,18 +63,15 @@ class ReplayBatches:
     batch: int
     seed: int = 0
     summary: dict = field(default_factory=dict)
-    _order: list[int] = field(default_factory=list, repr=False)
-    _epoch: int = field(default=0, repr=False)
+    _stream: Iterator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from ..tiny.sft_data import seeded_epochs
+
+        self._stream = seeded_epochs(self.rows, self.seed)
 
     def next(self) -> list[tuple[list[int], list[int]]]:
-        out = []
-        while len(out) < min(self.batch, len(self.rows)):
-            if not self._order:
-                self._order = list(range(len(self.rows)))
-                random.Random(f"{self.seed}:{self._epoch}").shuffle(self._order)
-                self._epoch += 1
-            out.append(self.rows[self._order.pop()])
-        return out
+        return list(islice(self._stream, min(self.batch, len(self.rows))))
 
 
 def replay_batches(path: str, drawn: set[str], tokenizer, batch: int, max_length: int,
