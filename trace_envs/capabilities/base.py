@@ -192,6 +192,27 @@ def _key_value(call: Call) -> str | None:
     return None
 
 
+def _families_of(name: str) -> tuple[str, ...]:
+    """The request families of a domain's request sessions (``"airline"`` or ``"retail"``)."""
+    tasks = domain_parts(name)[1]
+    return tuple(getattr(tasks, "AirlineRequestSession" if name == "airline" else "RetailRequestSession").families)
+
+
+def _lead_in_args(lead_in: Any, prob: Any) -> tuple[tuple[str, ...], float]:
+    """Validated ``(lead_in, lead_in_prob)`` (see :class:`CapabilityEnv`)."""
+    if isinstance(lead_in, str):
+        lead_in = (lead_in,)
+    if not isinstance(lead_in, (list, tuple)) or not all(isinstance(f, str) and f for f in lead_in):
+        raise ValueError(f"lead_in must be a list of target request families (e.g. ['flight_status']), got {lead_in!r}")
+    if prob is None:
+        prob = 0.5 if lead_in else 0.0
+    if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0.0 <= float(prob) <= 1.0:
+        raise ValueError(f"lead_in_prob must be a number in [0, 1], got {prob!r}")
+    if prob and not lead_in:
+        raise ValueError("lead_in_prob needs lead_in: the families a lead-in question is drawn from")
+    return tuple(lead_in), float(prob)
+
+
 class CapabilityEnv(TauEnv):
     """Base class of the τ²-domain capability environments (see the module docstring).
 
@@ -202,18 +223,31 @@ class CapabilityEnv(TauEnv):
         db_seed: fixed DB for every episode (tasks still vary with the seed).
         user: ``"scripted"`` (default) or ``{"base_url": ..., "model": ...}`` for an LLM user.
         prompt: ``"full"`` or ``"compact"`` policy.
+        lead_in: target request families that may open an episode (default: none). With probability
+            ``lead_in_prob`` an episode opens with one question of a family drawn from ``lead_in`` (a
+            request the target answers from the records without a write, e.g. a flight's status) before the
+            capability's own request. The episode succeeds only if that question is answered too, as the
+            target would score it (the facts said after the records were read); otherwise the reward is 0.
+            Why: an adapter trained only on the capability's requests forgets the target's others (the
+            precondition adapter of the planted recipe answered 1 of 54 flight-status requests, the base 43;
+            docs/headline.md, "Lead-in questions").
+        lead_in_prob: the share of episodes with a lead-in question (0..1; default 0.5 when ``lead_in`` is
+            given).
     """
 
     capability: str = ""
     default_difficulty: int = 3
     max_repeated_calls = 3
     max_build_attempts = 50
+    #: Whether a lead-in question may open an episode (``lead_in``); False where the opening lists the requests.
+    supports_lead_in = True
     #: The versions a subclass implements (see the module docstring); the newest is the default.
     versions: tuple[int, ...] = (0, 1)
 
     def __init__(self, domain: str | None = None, difficulty: int | None = None, size: str | dict = "small",
                  db_seed: int | None = None, user: str | dict = "scripted", prompt: str = "full",
-                 render_mode: str | None = None, version: int | None = None):
+                 render_mode: str | None = None, version: int | None = None, lead_in: Any = (),
+                 lead_in_prob: float | None = None):
         if self.capability not in CAPABILITIES:
             raise TypeError(f"{type(self).__name__}.capability must be one of {CAPABILITIES}, got {self.capability!r}")
         if domain is not None and domain not in DOMAIN_NAMES:
@@ -226,6 +260,16 @@ class CapabilityEnv(TauEnv):
             raise ValueError(f"version must be one of {self.versions} (0: as published under -v0; "
                              f"{max(self.versions)}: the current reward), got {version!r}")
         self.version = int(version)
+        self.lead_in, self.lead_in_prob = _lead_in_args(lead_in, lead_in_prob)
+        if self.lead_in and not self.supports_lead_in:
+            raise ValueError(f"{type(self).__name__} takes no lead_in: its opening message lists every request "
+                             "of the episode")
+        known = {f for name in (DOMAIN_NAMES if domain is None else (domain,)) for f in _families_of(name)}
+        if set(self.lead_in) - known:
+            raise ValueError(f"lead_in: unknown request families {sorted(set(self.lead_in) - known)}; known: "
+                             f"{', '.join(sorted(known))}")
+        #: Index of the capability's own request in ``task.requests`` (1 when a lead-in question opens it).
+        self.skill_index = 0
         self.domain_choice = domain
         self.difficulty = int(difficulty)
         self.size_spec = size
@@ -277,11 +321,17 @@ class CapabilityEnv(TauEnv):
         self.size = self._size_for(name)
         initial = Layer(self._base_db())
         task = None
+        # Drawn once per episode (not per build attempt), so that failed attempts do not bias the share.
+        families = [f for f in self._lead_in_families() if f in _families_of(name)]  # this episode's domain
+        lead_family = (families[int(self.np_random.integers(len(families)))]
+                       if families and self.np_random.random() < self.lead_in_prob else None)
         for _ in range(self.max_build_attempts):
             try:
                 session = self.tasks_module.request_session(self.np_random, initial, self.size,
                                                             **self._session_kwargs(self.difficulty))
                 task = self._build_task(session, self.difficulty)
+                if lead_family is not None:
+                    task = self._with_lead_in(session, task, lead_family)
                 if apply_gold(initial, self.domain.toolkit_cls, task)[1]:
                     raise CannotBuild("a gold write fails when the gold path is replayed in order")
                 break
@@ -289,19 +339,46 @@ class CapabilityEnv(TauEnv):
                 task = None
                 initial.changes.clear()
         if task is None:
+            lead = (f" opened by a {lead_family!r} question (lead-in questions must be requests answered "
+                    f"without a write, e.g. flight_status or info)" if lead_family else "")
             raise RuntimeError(f"{type(self).__name__} could not build a {name} task at difficulty "
-                               f"{self.difficulty} in {self.max_build_attempts} attempts")
+                               f"{self.difficulty}{lead} in {self.max_build_attempts} attempts")
         self.task = task
+        self.skill_index = 1 if lead_family is not None else 0
         self.db = initial.child()
         self.toolkit = self.domain.toolkit_cls(self.db)
         self.user = self._make_user(task)
         return self.user.opening()
+
+    def _lead_in_families(self) -> tuple[str, ...]:
+        """The families a lead-in question may come from (default: ``lead_in``; a subclass may narrow them)."""
+        return self.lead_in
+
+    def _with_lead_in(self, session: RequestSession, task: TauTask, family: str) -> TauTask:
+        """``task`` opened by one question of ``family`` (answered without a write) for the same user."""
+        lead = session.request(family, refuse=False, accept=lambda q: q.write is None and q.decision == "answer")
+        return session.task([lead, *task.requests], scenario=task.scenario)
+
+    @property
+    def skill_request(self) -> Any:
+        """The capability's own request in ``self.task`` (after a lead-in question, if one opens the episode)."""
+        return self.task.requests[self.skill_index]  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self) -> tuple[float, dict]:
         reward, breakdown = self._score()
         breakdown = {**breakdown, "domain": self.domain_name, "difficulty": self.difficulty,
                      "capability": self.capability, "version": self.version}
+        if self.skill_index:
+            # The lead-in question is scored as the target scores an answer: its facts said after its records
+            # were read. An episode whose question went unanswered earns nothing, whatever the skill did.
+            lead = self.request_outcomes().requests[0]
+            answered = lead.communicated and lead.informed
+            breakdown = {**breakdown, "lead_in": lead.kind, "lead_in_answered": answered}
+            if not answered:
+                reward = 0.0
+                if "success" in breakdown:
+                    breakdown["success"] = False
         return float(min(1.0, max(0.0, reward))), breakdown
 
     def tau_evaluation(self) -> tuple[float, dict]:
@@ -445,6 +522,8 @@ class CapabilityEnv(TauEnv):
         info = super().task_info()
         if self.task is not None:
             info.update({"domain": self.domain_name, "difficulty": self.difficulty, "capability": self.capability})
+            if self.skill_index:
+                info["lead_in"] = self.task.requests[0].kind
         return info
 
     def task_spec(self) -> dict:

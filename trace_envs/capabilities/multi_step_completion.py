@@ -84,6 +84,7 @@ class MultiStepCompletionEnv(CapabilityEnv):
     """
 
     capability = "multi_step_completion"
+    supports_lead_in = False  # the opening lists every request
     default_difficulty = 3
 
     def _session_kwargs(self, difficulty: int) -> dict:

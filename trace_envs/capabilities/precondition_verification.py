@@ -177,7 +177,7 @@ class PreconditionVerificationEnv(CapabilityEnv):
 
     def _score(self) -> tuple[float, dict]:
         outcomes = self.request_outcomes()
-        o = outcomes.requests[0]
+        o = outcomes.requests[self.skill_index]
         breakdown = {"decision": o.decision, "family": o.kind, "forbidden_write": o.forbidden,
                      "attempted": o.attempted, "exact": o.exact, "communicated": o.communicated,
                      "missing": o.missing, "unrequested_writes": len(outcomes.unrequested),
@@ -210,5 +210,5 @@ class PreconditionVerificationEnv(CapabilityEnv):
     def task_info(self) -> dict:
         info = super().task_info()
         if self.task is not None:
-            info["decision"] = self.task.requests[0].decision
+            info["decision"] = self.skill_request.decision
         return info

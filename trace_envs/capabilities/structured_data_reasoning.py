@@ -528,9 +528,9 @@ class StructuredDataReasoningEnv(CapabilityEnv):
 
     # ------------------------------------------------------------------ scoring
     def _score(self) -> tuple[float, dict]:
-        r = self.task.requests[0]  # type: ignore[union-attr]
+        r = self.skill_request
         outcomes = self.request_outcomes()
-        o = outcomes.requests[0]
+        o = outcomes.requests[self.skill_index]
         said = _said(self._messages)
         missing = [f for f in r.communicate if not stated(f, said)]
         lookalikes = [f for f in self.lookalike_facts if stated(f, said)]
@@ -592,7 +592,7 @@ class StructuredDataReasoningEnv(CapabilityEnv):
     def task_info(self) -> dict:
         info = super().task_info()
         if self.task is not None:
-            info["family"] = self.task.requests[0].kind
+            info["family"] = self.skill_request.kind
             info["n_lookalikes"] = self.n_lookalikes
         return info
 

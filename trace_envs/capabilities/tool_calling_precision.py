@@ -308,10 +308,10 @@ class ToolCallingPrecisionEnv(CapabilityEnv):
         outcomes = self.request_outcomes()
         rejected = sum(1 for _, _, ok in outcomes.write_calls if not ok)
         factor = precision_penalty(rejected)
-        write = self.task.requests[0].write  # type: ignore[union-attr]
-        informed = outcomes.requests[0].informed
+        write = self.skill_request.write
+        informed = outcomes.requests[self.skill_index].informed
         reward = db * factor if self.version == 0 or informed else 0.0
-        return reward, {"db": float(db), "exact": float(outcomes.requests[0].exact),
+        return reward, {"db": float(db), "exact": float(outcomes.requests[self.skill_index].exact),
                         "informed": informed, "success": reward >= 1.0,
                         "rejected_writes": rejected, "precision": factor,
                         "unrequested_writes": len(outcomes.unrequested),
