@@ -322,7 +322,8 @@ class CapabilityEnv(TauEnv):
         initial = Layer(self._base_db())
         task = None
         # Drawn once per episode (not per build attempt), so that failed attempts do not bias the share.
-        families = [f for f in self._lead_in_families() if f in _families_of(name)]  # this episode's domain
+        domain_families = _families_of(name)
+        families = [f for f in self._lead_in_families() if f in domain_families]  # this episode's domain's
         lead_family = (families[int(self.np_random.integers(len(families)))]
                        if families and self.np_random.random() < self.lead_in_prob else None)
         for _ in range(self.max_build_attempts):
