@@ -472,3 +472,45 @@ def test_per_episode_routing_over_segment_trained_gates_decides_where_they_were_
     finally:
         for h in hooks:
             h.remove()
+
+
+def test_per_episode_routing_never_reuses_another_adapters_prefix_cache(setup):
+    """Episodes share the system prompt, but per-episode routing runs it through the adapter chosen from the
+    request after it: its keys/values differ per adapter. An HFAgent's prefix cache reuses a stored conversation
+    only for a prompt routed to the same adapter, so every reply equals the uncached one (a run once garbled
+    episodes after ~120 of them, when the cache handed one adapter's system prompt to another's episode)."""
+    from trace_train.agents import HFAgent
+
+    base, adapters, _ = setup
+    model = ComposedModel.build(base, adapters)
+    model.routing = "per_episode"
+    tok = AutoTokenizer.from_pretrained(base)
+    system = "You are an airline agent. Read the records before you answer. " * 8
+    requests = {"cancel": "Please cancel reservation ABC123.", "status": "Is flight HAT001 on time?",
+                "cancel2": "Please cancel reservation XYZ789."}
+    info = {name: {"messages": [{"role": "system", "content": system}, {"role": "user", "content": text}]}
+            for name, text in requests.items()}
+    router = model.episode_router()
+    slots = {"cancel": 1, "status": 2, "cancel2": 1}
+    for name, slot in slots.items():  # the decisions, as trained gates would make them
+        ids = tok(tok.apply_chat_template(info[name]["messages"], add_generation_prompt=True, tokenize=False),
+                  add_special_tokens=False).input_ids
+        router._cache[tuple(router.decision_prefix(ids))] = slot
+        assert model.prefix_scope(ids) == slot
+
+    def agent(cache: bool) -> HFAgent:
+        return HFAgent(model, tokenizer=tok, max_new_tokens=12, prefix_cache=cache, decode="hf")
+
+    fresh = {name: agent(False)("", info[name]) for name in requests}
+    cached = agent(True)
+    assert cached("", info["cancel"]) == fresh["cancel"] and cached.cached_prompt_tokens == 0
+    assert cached("", info["status"]) == fresh["status"]
+    assert cached.cached_prompt_tokens == 0  # the cancellation's system prompt went through another adapter
+    assert cached("", info["cancel2"]) == fresh["cancel2"]
+    assert cached.cached_prompt_tokens > 0  # same adapter: the system prompt is reused
+    # The scopes matter: a cache that lets any conversation's prefix serve another (the old behaviour) hands the
+    # status episode the cancellation's system prompt, encoded through the other adapter, and its reply changes.
+    unscoped = agent(True)
+    unscoped._scopes = lambda ids: [None] * len(ids)
+    unscoped("", info["cancel"])
+    assert unscoped("", info["status"]) != fresh["status"] and unscoped.cached_prompt_tokens > 0

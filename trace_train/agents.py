@@ -360,7 +360,9 @@ class HFAgent:
             logger.info("%s: routing reads the whole sequence; the prefix cache is off", self.name)
             prefix_cache = False
         self.prefix_cache = prefix_cache
-        self._cache_entries: list[tuple[list[int], list[tuple[Any, Any]]]] = []
+        # (tokens, keys/values, scope): a conversation's cache is reused only by prompts of the same scope
+        # (see _scopes).
+        self._cache_entries: list[tuple[list[int], list[tuple[Any, Any]], Any]] = []
         self.cached_prompt_tokens = 0
         self._cache_kwarg = "cache"
         self._end_markers = [m for m in ("<|im_end|>", "<|endoftext|>", self.tokenizer.eos_token) if m]
@@ -399,10 +401,22 @@ class HFAgent:
         return out
 
     # -- prefix cache: per conversation, the keys/values of the tokens seen so far
-    def _lookup(self, seq: list[int]) -> tuple[int, int]:
-        """(entry index, length of the common prefix) of the stored conversation sharing most of ``seq``."""
+    def _scopes(self, ids: list[list[int]]) -> list[Any]:
+        """Each prompt's cache scope: keys/values are shared only between conversations of the same scope.
+
+        A model whose keys/values for a prefix depend on what comes after it (per-episode routing chooses the
+        adapter for the whole sequence from the first user message) says so with ``prefix_scope``; for every
+        other model the scope is None and any conversation's prefix may serve another."""
+        scope_of = getattr(self.model, "prefix_scope", None)
+        return [scope_of(seq) for seq in ids] if callable(scope_of) else [None] * len(ids)
+
+    def _lookup(self, seq: list[int], scope: Any = None) -> tuple[int, int]:
+        """(entry index, length of the common prefix) of the stored conversation of ``scope`` sharing most of
+        ``seq``."""
         best, best_len = -1, 0
-        for i, (tokens, _) in enumerate(self._cache_entries):
+        for i, (tokens, _, entry_scope) in enumerate(self._cache_entries):
+            if entry_scope != scope:
+                continue
             n = min(len(tokens), len(seq))
             k = 0
             while k < n and tokens[k] == seq[k]:
@@ -411,12 +425,12 @@ class HFAgent:
                 best, best_len = i, k
         return best, best_len
 
-    def _batch_cache(self, ids: list[list[int]], width: int):
+    def _batch_cache(self, ids: list[list[int]], width: int, scopes: list[Any]):
         """A batched cache of the first ``C`` padded columns, built from the stored conversations; (cache, C)."""
         from transformers import DynamicCache
 
         pads = [width - len(seq) for seq in ids]
-        found = [self._lookup(seq) for seq in ids]
+        found = [self._lookup(seq, scope) for seq, scope in zip(ids, scopes)]
         cached = min(pad + k for pad, (_, k) in zip(pads, found))
         cached = min(cached, width - 1)
         if cached <= 0 or all(k == 0 for _, k in found):
@@ -436,20 +450,20 @@ class HFAgent:
         self.cached_prompt_tokens += sum(max(0, cached - pad) for pad in pads)
         return cache, cached
 
-    def _store(self, sequences, cache, pads: list[int]) -> None:
+    def _store(self, sequences, cache, pads: list[int], scopes: list[Any]) -> None:
         """Keep each row's tokens and keys/values (padding stripped) for its next turn."""
         length = cache.get_seq_length()
         rows = sequences[:, :length].tolist()
         layers = [(layer.keys, layer.values) for layer in cache.layers]
-        for row, pad in enumerate(pads):
+        for row, (pad, scope) in enumerate(zip(pads, scopes)):
             tokens = rows[row][pad:length]
             kv = [(k[row:row + 1, :, pad:length].detach().to("cpu").clone(),
                    v[row:row + 1, :, pad:length].detach().to("cpu").clone()) for k, v in layers]
             # Replace the entry this conversation grew from; otherwise append (bounded, oldest out).
-            idx, shared = self._lookup(tokens)
+            idx, shared = self._lookup(tokens, scope)
             if idx >= 0 and shared == len(self._cache_entries[idx][0]):
                 self._cache_entries.pop(idx)
-            self._cache_entries.append((tokens, kv))
+            self._cache_entries.append((tokens, kv, scope))
         limit = max(2, 2 * self.batch_size)
         if len(self._cache_entries) > limit:
             del self._cache_entries[:len(self._cache_entries) - limit]
@@ -514,9 +528,10 @@ class HFAgent:
                 gen_kwargs["top_k"] = self.top_k
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        cache = None
+        cache, scopes = None, []
         if self.prefix_cache:
-            cache, _ = self._batch_cache(ids, width)
+            scopes = self._scopes(ids)
+            cache, _ = self._batch_cache(ids, width, scopes)
             gen_kwargs.update(return_dict_in_generate=True, use_cache=True)
             if cache is not None:
                 gen_kwargs[self._cache_kwarg] = cache
@@ -536,7 +551,7 @@ class HFAgent:
             returned = output.get("cache", None) if hasattr(output, "get") else None
             returned = returned if returned is not None else getattr(output, "past_key_values", None)
             if returned is not None:
-                self._store(sequences, returned, pads)
+                self._store(sequences, returned, pads, scopes)
         new = sequences[:, width:].tolist()
         texts, completion_tokens = [], 0
         for seq in new:

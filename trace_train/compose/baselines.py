@@ -163,15 +163,19 @@ class PerEpisodeRouter:
             toks = input_ids[b]
             if attention_mask is not None:
                 toks = toks[attention_mask[b].bool()]
-            prefix = self.decision_prefix(toks.tolist())
-            key = tuple(prefix)
-            if key not in self._cache:
-                if len(self._cache) >= self.cache_size:
-                    self._cache.pop(next(iter(self._cache)))
-                self._cache[key] = self._decide(prefix)
-            rows.append(self._cache[key])
+            rows.append(self.slot_for(toks.tolist()))
         self.last_slots = rows
         return torch.tensor(rows, dtype=torch.long)
+
+    def slot_for(self, tokens: list[int]) -> int:
+        """The slot (1..K) of the episode whose prompt is ``tokens`` (unpadded), cached per decision prefix."""
+        prefix = self.decision_prefix(list(tokens))
+        key = tuple(prefix)
+        if key not in self._cache:
+            if len(self._cache) >= self.cache_size:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = self._decide(prefix)
+        return self._cache[key]
 
     def _decide(self, prefix: list[int]) -> int:
         import torch

@@ -51,7 +51,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -657,6 +657,20 @@ class ComposedModel(nn.Module):
 
             self.__dict__["_episode_router"] = PerEpisodeRouter.for_model(self)
         return self.__dict__["_episode_router"]
+
+    def prefix_scope(self, tokens: Sequence[int]) -> Hashable:
+        """Which cached keys/values a sequence may reuse: only those computed for a sequence of the same scope.
+
+        Token routing depends on a sequence's tokens up to each position, so a shared prefix has the same
+        keys/values in every sequence (scope ``None``). Per-episode routing sends every token, the system prompt
+        included, through the adapter chosen from the first user message, which comes *after* the prefix that
+        conversations share: two episodes with the same system prompt but different adapters have different
+        keys/values for it. Their scope is the chosen slot, so a prefix cache (:class:`trace_train.agents.HFAgent`)
+        never hands one episode's keys/values to an episode of another adapter.
+        """
+        if self.spec.routing != "per_episode" or self.forced is not None:
+            return None
+        return self.episode_router().slot_for(list(tokens))
 
     def _episode_routing(self, args, kwargs):
         if self.spec.routing != "per_episode" or self.forced is not None:
