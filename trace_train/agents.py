@@ -290,7 +290,9 @@ class HFAgent:
         seed: torch seed set once when sampling (``temperature > 0``); greedy decoding needs none.
         prefix_cache: keep each conversation's keys/values between turns and encode only the new
             tokens of the next prompt (the conversation grows by a few tokens a turn, so this removes
-            most of the prompt encoding). Up to ``2 * batch_size`` conversations are kept.
+            most of the prompt encoding). Up to ``2 * batch_size`` conversations are kept. A new conversation
+            reuses the longest prefix it shares with a kept one (the system prompt), unless the model's
+            ``prefix_scope`` puts the two in different scopes (per-episode routing: the adapter chosen for each).
         name: agent name in trajectories (default: the model folder's name).
         decode: ``hf`` generates with ``model.generate``; ``fast`` with :class:`trace_train.tiny.fast_decode.FastDecoder`
             (a hand-written loop for Qwen3-architecture models, optionally with a PEFT LoRA or as a token-level
