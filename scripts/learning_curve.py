@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from trace_train.agents import HFAgent
     from trace_train.backends import RolloutJob, run_jobs
     from trace_train.pipeline.config import ConfigError, load_config, parse_key_values, parse_seeds
-    from trace_train.pipeline.stages.common import model_env_kwargs_fn
+    from trace_train.pipeline.stages.common import model_env_kwargs_fn, resolve_env_kwargs
     from trace_train.rollouts import read_trajectories
     from trace_envs.core.registry import load_registry
 
@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = model_env_kwargs_fn(model, cfg.rollout.env_kwargs)(env_id)
     else:
         env_id = entries[0].id
-        kwargs = model_env_kwargs_fn(model, (cfg.train.options or {}).get("env_kwargs"))(env_id)
+        train_kwargs = resolve_env_kwargs((cfg.train.options or {}).get("env_kwargs"),
+                                          run_dir / "rollouts" / "trajectories.jsonl")  # lead_in: auto
+        kwargs = model_env_kwargs_fn(model, train_kwargs)(env_id)
     try:  # read as `trace rollout --env-kwarg` reads them: JSON, else a string
         kwargs.update(parse_key_values(args.env_kwarg, "--env-kwarg"))
     except ConfigError as exc:

@@ -525,3 +525,47 @@ def test_the_moe_row_says_how_the_composed_model_routes(tmp_path):
     assert _moe_routing(str(tmp_path)) == "token-level top-1"
     (tmp_path / "compose.json").write_text(json.dumps({"routing": "segment"}))
     assert _moe_routing(str(tmp_path)) == "top-1, one choice per message"
+
+
+def _rollout_record(family: str | list, success: bool) -> str:
+    families = family if isinstance(family, list) else [family]
+    return json.dumps({"env_id": "trace/tau_airline-v0", "scenario": families[0] if len(families) == 1 else "bundle",
+                       "task": {"families": families}, "success": success}) + "\n"
+
+
+def test_lead_in_auto_takes_the_answer_families_the_base_wins_in_its_rollouts(tmp_path):
+    """train.options.env_kwargs.lead_in: auto becomes the families the base answers (≥ half of ≥ 5 rollout episodes)
+    that can be asked without a write; every GRPO run, the SFT baseline, checkpoint selection and the env
+    evaluation get the same families, and the train stage's summary says why."""
+    from trace_train.pipeline.runner import Context
+    from trace_train.pipeline.stages.common import LEAD_IN_AUTO_MIN_EPISODES, auto_lead_in, train_env_kwargs
+    from trace_train.pipeline.stages.train import _auto_lead_in_summary, _train_job
+
+    cfg = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "options": {
+        "env_kwargs": {"lead_in": "auto", "lead_in_prob": 0.5, "difficulty": 2}}}})
+    ctx = Context(cfg=cfg, run_dir=tmp_path, state={"stages": {}}, progress=False)
+    env = ["trace/precondition_verification-v0"]
+    with pytest.raises(ConfigError, match="lead_in: auto reads the base's rollouts"):
+        _train_job(ctx, "pv", env, 10)
+    rollouts = tmp_path / "rollouts" / "trajectories.jsonl"
+    rollouts.parent.mkdir()
+    rows = ([_rollout_record("flight_status", i < 3) for i in range(5)]      # 3 of 5: chosen
+            + [_rollout_record("info", i < 2) for i in range(5)]             # 2 of 5: the base fails it
+            + [_rollout_record("cancel", True) for _ in range(6)]            # won, but a write: never a lead-in
+            + [_rollout_record(["info", "flight_status"], True) for _ in range(9)])  # a bundle counts for neither
+    rollouts.write_text("".join(rows))
+    families, counts = auto_lead_in(rollouts)
+    assert families == ["flight_status"]
+    assert counts == {"flight_status": [3, 5], "info": [2, 5], "cancel": [6, 6]}
+    resolved = {"lead_in": ["flight_status"], "lead_in_prob": 0.5, "difficulty": 2}
+    assert train_env_kwargs(ctx) == resolved
+    for job in (_train_job(ctx, "pv", env, 10), _train_job(ctx, "_sft", env, 10, sft=True)):
+        assert job["cfg"].env_kwargs == resolved
+    assert _auto_lead_in_summary(ctx) == {"families": ["flight_status"], "base_rollouts": counts}
+    # Too few episodes of a family the base always wins: not chosen, and with no family left, no lead-ins at all.
+    rollouts.write_text("".join(_rollout_record("info", True) for _ in range(LEAD_IN_AUTO_MIN_EPISODES - 1)))
+    assert auto_lead_in(rollouts)[0] == []
+    assert train_env_kwargs(ctx) == {"difficulty": 2}
+    plain = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "options": {
+        "env_kwargs": {"lead_in": ["info"]}}}})
+    assert _auto_lead_in_summary(Context(cfg=plain, run_dir=tmp_path, state={"stages": {}}, progress=False)) is None

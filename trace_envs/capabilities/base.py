@@ -198,8 +198,37 @@ def _families_of(name: str) -> tuple[str, ...]:
     return tuple(getattr(tasks, "AirlineRequestSession" if name == "airline" else "RetailRequestSession").families)
 
 
+def answer_families(domain: str | None = None, probes: int = 4) -> tuple[str, ...]:
+    """The request families a lead-in question can come from: asked and answered from the records without a write.
+
+    Probed, not listed: a family qualifies when the hand-written precondition verification env, told to open every
+    episode with it, builds ``probes`` episodes in a row (a family whose requests always need a write cannot).
+    ``domain``: ``"airline"``, ``"retail"`` or None (both).
+    """
+    from .precondition_verification import PreconditionVerificationEnv
+
+    out = []
+    for name in (DOMAIN_NAMES if domain is None else (domain,)):
+        for family in _families_of(name):
+            if family in out:
+                continue
+            env = PreconditionVerificationEnv(domain=name, lead_in=[family], lead_in_prob=1.0)
+            try:
+                for seed in range(probes):
+                    env.reset(seed=seed)
+            except RuntimeError:  # "could not build ... opened by a <family> question"
+                continue
+            finally:
+                env.close()
+            out.append(family)
+    return tuple(out)
+
+
 def _lead_in_args(lead_in: Any, prob: Any) -> tuple[tuple[str, ...], float]:
     """Validated ``(lead_in, lead_in_prob)`` (see :class:`CapabilityEnv`)."""
+    if lead_in == "auto":
+        raise ValueError("lead_in='auto' is resolved by `trace run` (train.options.env_kwargs) from the base's "
+                         "rollouts; an env takes the families themselves, e.g. lead_in=['flight_status']")
     if isinstance(lead_in, str):
         lead_in = (lead_in,)
     if not isinstance(lead_in, (list, tuple)) or not all(isinstance(f, str) and f for f in lead_in):

@@ -137,6 +137,61 @@ def model_env_kwargs_fn(model: str | None, extra: dict | None = None):
     return kwargs
 
 
+#: ``lead_in: auto`` in ``train.options.env_kwargs``: lead-in questions come from the target's request families the
+#: base already answers in the rollout stage, at least this share of at least this many episodes, among the
+#: families that can be asked without a write (:func:`trace_envs.capabilities.base.answer_families`). These are the
+#: requests an adapter must not lose (L3's "without losing the others"); the families the base fails are the
+#: capabilities' own.
+LEAD_IN_AUTO_MIN_SUCCESS = 0.5
+LEAD_IN_AUTO_MIN_EPISODES = 5
+
+
+def auto_lead_in(trajectories: str | Path) -> tuple[list[str], dict[str, list[int]]]:
+    """``lead_in: auto`` resolved from the base's rollouts: (the families, ``{family: [wins, episodes]}`` of every
+    single-family request the rollouts hold). See :data:`LEAD_IN_AUTO_MIN_SUCCESS`."""
+    from trace_envs.capabilities.base import answer_families
+
+    path = Path(trajectories)
+    if not path.is_file():
+        raise ConfigError(f"train.options.env_kwargs.lead_in: auto reads the base's rollouts, and {path} is missing")
+    counts: dict[str, list[int]] = {}
+    with path.open() as f:
+        for line in f:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            families = (record.get("task") or {}).get("families") or [record.get("scenario")]
+            if len(families) != 1 or not families[0]:
+                continue  # a bundle of requests: its success is not one family's
+            wins = counts.setdefault(families[0], [0, 0])
+            wins[0] += bool(record.get("success"))
+            wins[1] += 1
+    answerable = set(answer_families())
+    chosen = sorted(f for f, (won, n) in counts.items() if f in answerable and n >= LEAD_IN_AUTO_MIN_EPISODES
+                    and won / n >= LEAD_IN_AUTO_MIN_SUCCESS)
+    return chosen, counts
+
+
+def resolve_env_kwargs(env_kwargs: dict | None, rollouts: str | Path) -> dict:
+    """``train.options.env_kwargs`` as the capability envs take them: ``lead_in: auto`` replaced by the families
+    :func:`auto_lead_in` reads from ``rollouts`` (none: no lead-ins, ``lead_in_prob`` dropped too)."""
+    kwargs = dict(env_kwargs or {})
+    if kwargs.get("lead_in") == "auto":
+        families, _ = auto_lead_in(rollouts)
+        if families:
+            kwargs["lead_in"] = families
+        else:
+            kwargs.pop("lead_in")
+            kwargs.pop("lead_in_prob", None)
+    return kwargs
+
+
+def train_env_kwargs(ctx) -> dict:
+    """The run's ``train.options.env_kwargs``, resolved (:func:`resolve_env_kwargs`) against its rollouts."""
+    return resolve_env_kwargs((ctx.cfg.train.options or {}).get("env_kwargs"),
+                              ctx.path("rollouts", "trajectories.jsonl"))
+
+
 def base_agent_factory(ctx, temperature: float | None = None):
     """A no-argument callable that builds the base agent (at ``temperature``, default ``base.temperature``).
 

@@ -18,7 +18,8 @@ from trace_train.backends import RolloutJob, run_jobs
 
 from ..config import parse_seeds
 from .common import (_fast_decode, _selected, _tiny_episodes_seconds, base_agent_factory, base_env_kwargs_fn,
-                     base_model_path, capability_envs, model_env_kwargs_fn, train_records, workspace_registries)
+                     base_model_path, capability_envs, model_env_kwargs_fn, train_env_kwargs, train_records,
+                     workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tup
     makes = {key: make for key, _, make, _, _ in rows}
     if makes.get("base") is None:
         return [], []
-    kwargs = model_env_kwargs_fn(model, (ctx.cfg.train.options or {}).get("env_kwargs"))
+    kwargs = model_env_kwargs_fn(model, train_env_kwargs(ctx))
     jobs, copies = [], []
     for cap, info in capability_envs(ctx).items():
         key = f"adapter:{cap}"

@@ -18,7 +18,7 @@ from trace_train.backends.local import _worker_pool
 from ..config import ConfigError, parse_seeds
 from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY,
                      _fast_decode, _selected, _str, _tiny_episodes_seconds, base_model_path, capability_envs,
-                     model_env_kwargs_fn, workspace_registries)
+                     auto_lead_in, model_env_kwargs_fn, train_env_kwargs, workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
     kwargs = {"progress": ctx.progress, **t.options, "env_ids": list(env_ids), "model": base_model_path(ctx),
               "output_dir": str(out / "run"), "device": ctx.cfg.base.device, "registry": registry, "sft": sft,
               "resume": resume, ("sft_steps" if sft else "max_steps"): steps}
+    if "env_kwargs" in kwargs:  # lead_in: auto becomes the families the base answers
+        kwargs["env_kwargs"] = train_env_kwargs(ctx)
     if minutes is not None and not sft:
         kwargs["max_minutes"] = minutes
     if sft:  # the replay term is GRPO's; the SFT baseline replays through sft_replay_share
@@ -130,6 +132,7 @@ def run_train(ctx) -> tuple[list[str], dict]:
         raise ConfigError("train.model is required: the base agent has no local weights to train adapters on")
     envs = capability_envs(ctx)
     ctx.path("train").mkdir(parents=True, exist_ok=True)
+    lead_in = _auto_lead_in_summary(ctx)
     jobs = {cap: _train_job(ctx, cap, [env["env_id"]], t.max_steps, minutes=t.max_minutes) for cap, env in envs.items()}
     env_ids = [e["env_id"] for e in envs.values()]
     if env_ids and t.multi_baseline and len(env_ids) > 1:
@@ -150,7 +153,19 @@ def run_train(ctx) -> tuple[list[str], dict]:
     missing = [c for c in _selected(ctx) if c not in envs]
     return ["train"], {"adapters": {c: a["adapter_dir"] for c, a in adapters.items()},
                        "baselines": {k: v["adapter_dir"] for k, v in baselines.items()},
-                       "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()}}
+                       "no_env": missing, "rollouts": {k: v["rollouts"] for k, v in {**adapters, **baselines}.items()},
+                       **({"lead_in": lead_in} if lead_in else {})}
+
+
+def _auto_lead_in_summary(ctx) -> dict | None:
+    """For ``lead_in: auto``: the families chosen and the base's rollout record behind them (logged, and kept in
+    the stage's summary); None otherwise."""
+    if ((ctx.cfg.train.options or {}).get("env_kwargs") or {}).get("lead_in") != "auto":
+        return None
+    families, counts = auto_lead_in(ctx.path("rollouts", "trajectories.jsonl"))
+    record = ", ".join(f"{f} {won}/{n}" for f, (won, n) in sorted(counts.items()))
+    logger.info("train: lead_in auto -> %s (the base's rollouts: %s)", families or "none", record)
+    return {"families": families, "base_rollouts": counts}
 
 
 def _select(ctx, key: str, record: dict) -> dict:
@@ -178,7 +193,7 @@ def _select(ctx, key: str, record: dict) -> dict:
     logger.info("train: choosing %s's checkpoint on %d validation seeds of %s", key, len(seeds),
                 ", ".join(record["env_ids"]))
     chosen = select_checkpoint(model, run_dir, record["env_ids"], seeds, out,
-                               env_kwargs=model_env_kwargs_fn(model, t.options.get("env_kwargs")),
+                               env_kwargs=model_env_kwargs_fn(model, train_env_kwargs(ctx)),
                                every=t.select_every, workers=t.workers, in_flight=ctx.cfg.evaluate.in_flight,
                                registries=workspace_registries(ctx), max_new_tokens=b.max_new_tokens,
                                decode=b.decode, threads=b.threads, seed=ctx.cfg.seed,
