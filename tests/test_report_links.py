@@ -160,6 +160,14 @@ def test_the_training_section_shows_each_runs_chosen_checkpoint(run_dir):
     assert "played seeds 100-149 of the run's own envs" in text
     assert "| `cap_a` | 10 | 75 | 0.21 | 0.44 | 0.30 | – |" in text
     assert "| `cap_b` | 70 | 70 | – | – | – | a zero update: every checkpoint is the base |" in text
+    assert "Lead-in questions" not in text
+    # lead_in: auto: the families the train stage chose, with the base's rollout record behind them.
+    lead_in = {"families": ["flight_status"], "base_rollouts": {"flight_status": [21, 30], "info": [2, 27]}}
+    (run_dir / "stages.json").write_text(json.dumps({"stages": {"train": {"status": "done", "summary": {
+        "lead_in": lead_in}}}}))
+    text = write_report(run_dir).markdown.read_text()
+    assert ("Lead-in questions (`lead_in: auto`): `flight_status`, the target families the base answered" in text
+            and "(its rollouts: flight_status 21 of 30, info 2 of 27)" in text)
 
 
 @pytest.mark.parametrize("delta, verdict", [((+0.10, +0.05, +0.15), "above the base, outside the interval"),

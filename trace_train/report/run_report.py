@@ -289,6 +289,13 @@ def _train_section(doc: Document, run: Path, stages: dict) -> None:
                "informative groups", "seconds"], rows,
               "Informative groups: the share of GRPO groups whose rewards were not all equal, the only groups "
               "with an advantage to learn from.")
+    lead_in = (stages.get("train", {}).get("summary") or {}).get("lead_in")
+    if lead_in:  # train.options.env_kwargs.lead_in: auto, resolved from the base's rollouts
+        record = ", ".join(f"{f} {won} of {n}" for f, (won, n) in sorted(lead_in.get("base_rollouts", {}).items()))
+        chosen_families = ", ".join(f"`{f}`" for f in lead_in.get("families", [])) or "none"
+        doc.p(f"Lead-in questions (`lead_in: auto`): {chosen_families}, the target families the base answered in at "
+              f"least half of at least 5 rollout episodes and that can be asked without a write (its rollouts: "
+              f"{record}).")
     if flat:
         doc.p("Every group was flat for " + ", ".join(f"`{n}`" for n in flat) + ": the base was never (or always) "
               "right in its env, so GRPO had no advantage and the adapter is the base. A base that is sometimes "
