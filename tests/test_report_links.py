@@ -111,6 +111,26 @@ def test_the_links_follow_the_per_family_results(run_dir):
     assert l4["versus_best"]["value"] == pytest.approx(20 / 60) and l4["versus_best"]["ci"][0] > 0
 
 
+def test_a_capability_the_run_left_out_is_not_a_link(run_dir):
+    """The diagnosis retained a third capability but diagnose.max_capabilities left it out (no env, no adapter):
+    it gets no row in any link, so it can neither fail L1 through the SFT baseline nor leave L2/L3 "partly
+    measured" for want of an adapter. Without the stage record (a hand-made run folder), every diagnosed
+    capability is read."""
+    from trace_train.report.links import capability_families, compute_links
+
+    spec = {"name": "cap_c", "failure_families": {"f3": 9}}
+    (run_dir / "diagnosis" / "specs" / "cap_c.json").write_text(json.dumps(spec))
+    assert set(capability_families(run_dir)) == {"cap_a", "cap_b", "cap_c"}
+    (run_dir / "stages.json").write_text(json.dumps({"stages": {"diagnose": {"status": "done", "summary": {
+        "retained": ["cap_a", "cap_b", "cap_c"], "selected": ["cap_a", "cap_b"],
+        "dropped_by_max_capabilities": ["cap_c"]}}}}))
+    assert capability_families(run_dir) == {"cap_a": ["f1"], "cap_b": ["f2"]}
+    links = compute_links(run_dir, n_boot=200, seed=0)
+    for link in ("L1", "L2", "L3"):
+        assert [r["capability"] for r in links[link]["rows"]] == ["cap_a", "cap_b"]
+    assert "cap_c" not in links["L1"]["sentence"] + links["L3"]["sentence"]
+
+
 def test_l1_prefers_sft_on_the_capabilitys_own_env(run_dir):
     """Where the run has SFT on one capability's env alone (its GRPO run's warm-up, evaluated as `sft:<cap>`), L1
     reads that capability from it; the others still from the SFT baseline on every env."""

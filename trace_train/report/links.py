@@ -54,13 +54,19 @@ def _load(path: Path) -> Any:
 
 
 def capability_families(run_dir: str | Path) -> dict[str, list[str]]:
-    """Each diagnosed capability's target families, most failures first (from ``diagnosis/specs``)."""
+    """Each capability the run went on with, and its target families, most failures first (from
+    ``diagnosis/specs``). A capability the diagnosis retained but left out (``diagnose.max_capabilities``: no env,
+    no adapter, no SFT of its own) is not a link of this run: the diagnose stage's ``selected`` list, where the run
+    has one, says which went on."""
+    selected = (((_load(Path(run_dir, "stages.json")) or {}).get("stages") or {}).get("diagnose", {})
+                .get("summary") or {}).get("selected")
     out: dict[str, list[str]] = {}
     for path in sorted(Path(run_dir, "diagnosis", "specs").glob("*.json")):
         spec = _load(path) or {}
+        name = str(spec.get("name", path.stem))
         families = spec.get("failure_families") or {}
-        if isinstance(families, dict):
-            out[str(spec.get("name", path.stem))] = [f for f, _ in sorted(families.items(), key=lambda kv: -kv[1])]
+        if isinstance(families, dict) and (not isinstance(selected, list) or name in selected):
+            out[name] = [f for f, _ in sorted(families.items(), key=lambda kv: -kv[1])]
     return out
 
 
