@@ -561,7 +561,8 @@ def test_lead_in_auto_takes_the_answer_families_the_base_wins_in_its_rollouts(tm
     assert train_env_kwargs(ctx) == resolved
     for job in (_train_job(ctx, "pv", env, 10), _train_job(ctx, "_sft", env, 10, sft=True)):
         assert job["cfg"].env_kwargs == resolved
-    assert _auto_lead_in_summary(ctx) == {"families": ["flight_status"], "base_rollouts": counts}
+    assert _auto_lead_in_summary(ctx) == {"families": ["flight_status"], "base_rollouts": counts,
+                                          "min_success": 0.5, "min_episodes": LEAD_IN_AUTO_MIN_EPISODES}
     # Too few episodes of a family the base always wins: not chosen, and with no family left, no lead-ins at all.
     rollouts.write_text("".join(_rollout_record("info", True) for _ in range(LEAD_IN_AUTO_MIN_EPISODES - 1)))
     assert auto_lead_in(rollouts)[0] == []

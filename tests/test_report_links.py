@@ -182,11 +182,13 @@ def test_the_training_section_shows_each_runs_chosen_checkpoint(run_dir):
     assert "| `cap_b` | 70 | 70 | – | – | – | a zero update: every checkpoint is the base |" in text
     assert "Lead-in questions" not in text
     # lead_in: auto: the families the train stage chose, with the base's rollout record behind them.
-    lead_in = {"families": ["flight_status"], "base_rollouts": {"flight_status": [21, 30], "info": [2, 27]}}
+    lead_in = {"families": ["flight_status"], "base_rollouts": {"flight_status": [21, 30], "info": [2, 27]},
+               "min_success": 0.5, "min_episodes": 5}
     (run_dir / "stages.json").write_text(json.dumps({"stages": {"train": {"status": "done", "summary": {
         "lead_in": lead_in}}}}))
     text = write_report(run_dir).markdown.read_text()
-    assert ("Lead-in questions (`lead_in: auto`): `flight_status`, the target families the base answered" in text
+    assert ("Lead-in questions (`lead_in: auto`): `flight_status`, the target families the base answered in at "
+            "least 50% of at least 5 rollout episodes" in text
             and "(its rollouts: flight_status 21 of 30, info 2 of 27)" in text)
 
 

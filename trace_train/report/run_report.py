@@ -293,9 +293,10 @@ def _train_section(doc: Document, run: Path, stages: dict) -> None:
     if lead_in:  # train.options.env_kwargs.lead_in: auto, resolved from the base's rollouts
         record = ", ".join(f"{f} {won} of {n}" for f, (won, n) in sorted(lead_in.get("base_rollouts", {}).items()))
         chosen_families = ", ".join(f"`{f}`" for f in lead_in.get("families", [])) or "none"
-        doc.p(f"Lead-in questions (`lead_in: auto`): {chosen_families}, the target families the base answered in at "
-              f"least half of at least 5 rollout episodes and that can be asked without a write (its rollouts: "
-              f"{record}).")
+        rule = (f"in at least {lead_in['min_success']:.0%} of at least {lead_in['min_episodes']} rollout episodes"
+                if "min_success" in lead_in and "min_episodes" in lead_in else "in its rollouts")
+        doc.p(f"Lead-in questions (`lead_in: auto`): {chosen_families}, the target families the base answered {rule} "
+              f"and that can be asked without a write (its rollouts: {record}).")
     if flat:
         doc.p("Every group was flat for " + ", ".join(f"`{n}`" for n in flat) + ": the base was never (or always) "
               "right in its env, so GRPO had no advantage and the adapter is the base. A base that is sometimes "

@@ -16,9 +16,10 @@ from pathlib import Path
 from trace_train.backends.local import _worker_pool
 
 from ..config import ConfigError, parse_seeds
-from .common import (SECONDS_PER_GRPO_STEP_TINY, SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY,
-                     _fast_decode, _selected, _str, _tiny_episodes_seconds, base_model_path, capability_envs,
-                     auto_lead_in, model_env_kwargs_fn, train_env_kwargs, workspace_registries)
+from .common import (LEAD_IN_AUTO_MIN_EPISODES, LEAD_IN_AUTO_MIN_SUCCESS, SECONDS_PER_GRPO_STEP_TINY,
+                     SECONDS_PER_GRPO_STEP_TINY_FAST, SECONDS_PER_SFT_STEP_TINY, _fast_decode, _selected, _str,
+                     _tiny_episodes_seconds, auto_lead_in, base_model_path, capability_envs, model_env_kwargs_fn,
+                     train_env_kwargs, workspace_registries)
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ def _auto_lead_in_summary(ctx) -> dict | None:
     families, counts = auto_lead_in(ctx.path("rollouts", "trajectories.jsonl"))
     record = ", ".join(f"{f} {won}/{n}" for f, (won, n) in sorted(counts.items()))
     logger.info("train: lead_in auto -> %s (the base's rollouts: %s)", families or "none", record)
-    return {"families": families, "base_rollouts": counts}
+    return {"families": families, "base_rollouts": counts, "min_success": LEAD_IN_AUTO_MIN_SUCCESS,
+            "min_episodes": LEAD_IN_AUTO_MIN_EPISODES}
 
 
 def _select(ctx, key: str, record: dict) -> dict:
