@@ -88,6 +88,7 @@ The uniform request API (added to both domains' ``tasks`` modules; additive, ``g
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,12 +199,14 @@ def _families_of(name: str) -> tuple[str, ...]:
     return tuple(getattr(tasks, "AirlineRequestSession" if name == "airline" else "RetailRequestSession").families)
 
 
+@functools.lru_cache(maxsize=None)
 def answer_families(domain: str | None = None, probes: int = 4) -> tuple[str, ...]:
     """The request families a lead-in question can come from: asked and answered from the records without a write.
 
     Probed, not listed: a family qualifies when the hand-written precondition verification env, told to open every
     episode with it, builds ``probes`` episodes in a row (a family whose requests always need a write cannot).
-    ``domain``: ``"airline"``, ``"retail"`` or None (both).
+    ``domain``: ``"airline"``, ``"retail"`` or None (both). Cached per process: the answer depends only on the
+    domain code, and a run resolves ``lead_in: auto`` once per training job, selection and evaluation.
     """
     from .precondition_verification import PreconditionVerificationEnv
 
