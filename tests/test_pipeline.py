@@ -139,13 +139,15 @@ def test_drop_unimproved_names_the_adapters_selection_found_no_better_than_the_b
 
 def test_each_grpo_runs_sft_warmup_is_evaluated_as_sft_on_its_env_alone(tmp_path, model_dir):
     """The evaluate stage plays each GRPO run's SFT warm-up (SFT on that capability's env alone: the L1 transfer
-    ceiling) as `sft:<capability>`, with the oracle episodes it was fitted on as its rollouts; a run without a
-    warm-up adds no row."""
+    ceiling) as `sft:<capability>`, with the oracle episodes it was fitted on as its rollouts, and plays it on that
+    capability's env too, beside the base and the adapter (L2: what GRPO added over it); a run without a warm-up
+    adds neither."""
     from trace_train.pipeline.runner import Context
-    from trace_train.pipeline.stages.evaluate import method_agents
+    from trace_train.pipeline.stages.evaluate import _env_jobs, method_agents
 
+    sdr, tcp = "structured_data_reasoning", "tool_calling_precision"
     records = {}
-    for cap, warm in (("sdr", True), ("tcp", False)):
+    for cap, warm in ((sdr, True), (tcp, False)):
         run = tmp_path / "train" / cap / "run"
         (run / "adapter").mkdir(parents=True)
         if warm:
@@ -153,15 +155,27 @@ def test_each_grpo_runs_sft_warmup_is_evaluated_as_sft_on_its_env_alone(tmp_path
             (run / "sft_warmup" / "done.json").write_text(json.dumps({"steps": 300, "episodes": 1000}))
         records[cap] = {"adapter_dir": str(run / "adapter"), "final_adapter_dir": str(run / "adapter")}
     (tmp_path / "train" / "results.json").write_text(json.dumps({"adapters": records, "baselines": {}}))
-    cfg = config_from_dict({"out": str(tmp_path), "base": {"kind": "hf", "model": model_dir}})
+    cfg = config_from_dict({"out": str(tmp_path), "base": {"kind": "hf", "model": model_dir},
+                            "evaluate": {"env_seeds": "0:5"}})
     state = {"stages": {"base": {"status": "done", "summary": {"model_path": model_dir}},
+                        "diagnose": {"status": "done", "summary": {"selected": [sdr, tcp]}},
                         "train": {"status": "done", "summary": {
         "adapters": {c: r["adapter_dir"] for c, r in records.items()}, "baselines": {}, "rollouts": {}}}}}
-    rows = {key: (make, spent) for key, _, make, spent, _ in method_agents(Context(cfg, tmp_path, state, False))}
-    assert "sft:sdr" in rows and "sft:tcp" not in rows
-    make, spent = rows["sft:sdr"]
-    assert spent == 1000 and make.keywords["adapter"] == str(tmp_path / "train" / "sdr" / "run" / "sft_warmup"
+    ctx = Context(cfg, tmp_path, state, False)
+    agents = method_agents(ctx)
+    rows = {key: (make, spent) for key, _, make, spent, _ in agents}
+    assert f"sft:{sdr}" in rows and f"sft:{tcp}" not in rows
+    make, spent = rows[f"sft:{sdr}"]
+    assert spent == 1000 and make.keywords["adapter"] == str(tmp_path / "train" / sdr / "run" / "sft_warmup"
                                                                / "adapter")
+    jobs, copies = _env_jobs(ctx, agents, set(), model_dir)
+    by_key = {job.key: job for job in jobs}
+    assert set(by_key) == {f"env:{sdr}:base", f"env:{sdr}:adapter", f"env:{sdr}:warmup", f"env:{tcp}:base",
+                           f"env:{tcp}:adapter"} and not copies
+    warmup = by_key[f"env:{sdr}:warmup"]
+    assert warmup.make is make and list(warmup.seeds) == [0, 1, 2, 3, 4]
+    assert warmup.out == tmp_path / "eval" / "env" / sdr / "warmup" / "trajectories.jsonl"
+    assert warmup.targets == by_key[f"env:{sdr}:adapter"].targets
 
 
 def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(tmp_path):

@@ -149,6 +149,44 @@ def test_l1_prefers_sft_on_the_capabilitys_own_env(run_dir):
     assert l1["cap_a"]["sft"] == "sft" and l1["cap_a"]["delta"]["value"] == pytest.approx(1.0)
 
 
+def test_grpo_is_split_from_the_sft_warm_up_it_started_from(run_dir):
+    """A GRPO run with an SFT warm-up: L2 and L3 say what GRPO added over the warm-up (on the env, and on the
+    capability's families), beside the verdict, which stays the run's as a whole. Here the warm-up paid most of
+    the env gain (3 → 21 of 30; GRPO 21 → 27) and all of the target gain (GRPO added nothing on f1)."""
+    from trace_train.evaluate import evaluate
+    from trace_train.report.links import compute_links
+    from trace_train.report.run_report import write_report
+
+    rel = Path("eval") / "sft_cap_a" / "trajectories.jsonl"
+    _write(run_dir / rel, _episodes("trace/target-v0", "sft:cap_a", lambda f, s: f == "f1" or (f == "f3" and s < 6)))
+    results = json.loads((run_dir / "eval" / "results.json").read_text())
+    results["methods"]["sft:cap_a"] = {"label": "sft:cap_a", "available": True, "trajectories": str(rel),
+                                       "overall": evaluate(run_dir / rel, ks=(1,), n_boot=0)["overall"]}
+    (run_dir / "eval" / "results.json").write_text(json.dumps(results))
+    warm = [{"env_id": "gen/cap_a-v0", "seed": s, "sample": 0, "agent": "warmup", "success": s < 21,
+             "reward": float(s < 21), "termination": "agent_stop",
+             "reward_breakdown": {"evidence": 0.5, "informed": float(s < 21)}} for s in range(30)]
+    _write(run_dir / "eval" / "env" / "cap_a" / "warmup" / "trajectories.jsonl", warm)
+
+    links = compute_links(run_dir, n_boot=500, seed=0)
+    l2 = {r["capability"]: r for r in links["L2"]["rows"]}
+    assert l2["cap_a"]["grpo"]["value"] == pytest.approx(6 / 30)
+    assert l2["cap_a"]["grpo"]["base"] == pytest.approx(21 / 30)
+    assert l2["cap_a"]["breakdown"]["warmup"]["evidence"] == pytest.approx(0.5)
+    assert l2["cap_a"]["held"] is True and l2["cap_b"]["grpo"] is None  # no warm-up episodes for cap_b
+    l3 = {r["capability"]: r for r in links["L3"]["rows"]}
+    assert l3["cap_a"]["grpo"]["value"] == pytest.approx(0.0) and l3["cap_a"]["held"] is True
+    assert l3["cap_b"]["grpo"] is None
+    assert "cap_a +0.800 [" in links["L2"]["sentence"] and "(GRPO over its SFT warm-up +0.200 [" in \
+        links["L2"]["sentence"]
+
+    text = write_report(run_dir).markdown.read_text()
+    assert "| L2 | cap_a: GRPO over its SFT warm-up, on its env | +0.200 [" in text
+    assert "| L3 | cap_a: GRPO over its SFT warm-up, on its families | +0.000" in text
+    assert "| cap_a | 0.100 | 0.700 | 0.900 | +0.800 [" in text  # before, after the warm-up, after GRPO
+    assert "| cap_a | evidence | 1.00 | 0.50 | 1.00 |" in text
+
+
 def test_the_report_has_the_links_section(run_dir):
     from trace_train.report.run_report import write_report
 

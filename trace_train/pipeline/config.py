@@ -420,9 +420,10 @@ class EvaluateSection:
         workers: methods evaluated at once, each in its own process with its own model (on
             ``base.threads`` threads): 2 on a 2-core CPU halves this stage for local models. Rows whose agent
             cannot go to a process (a scripted or endpoint base) run in the main process.
-        env_seeds: held-out seeds of each capability env on which the base and that capability's adapter are
-            played (the report's learning link, L2: does GRPO raise the env's own success?); disjoint from the
-            training seeds (``train.options.seed_offset``, 1,000,000 by default). 0 skips it.
+        env_seeds: held-out seeds of each capability env on which the base, that capability's adapter and the
+            SFT warm-up its GRPO run started from (if any) are played (the report's learning link, L2: does
+            training raise the env's own success, and how much of it is GRPO's?); disjoint from the training
+            seeds (``train.options.seed_offset``, 1,000,000 by default). 0 skips it.
     """
 
     seeds: Any = "0:40"

@@ -11,7 +11,9 @@ L1     transfer ceiling     SFT on the capability env's oracle episodes vs the b
                             (the GRPO run's SFT warm-up, on that env alone, where there is one; else the SFT
                             baseline on every env)
 L2     learning             the GRPO adapter vs the base on its own env's held-out seeds: success, breakdown
+                            (and vs the SFT warm-up it started from, where it had one: GRPO's own share)
 L3     transfer             the adapter vs the base on the target: on its capability's families, and on the rest
+                            (and vs its SFT warm-up on those families: what GRPO added to the transfer)
 L4     composition          the MoE vs the base and vs the best single adapter, on the target, per family
 =====  ===================  =================================================================================
 
@@ -25,8 +27,12 @@ A capability's *families* are the target's task families its diagnosed failures 
 * L4: the MoE is above the base outside the interval and at least equal to the best single adapter (on the
   values; the paired interval against that adapter is shown beside).
 
+A GRPO run that starts from an SFT warm-up (``train.options.sft_warmup_steps``) is judged as a whole, warm-up
+included, as the recipe trains it; its rows also show GRPO over the warm-up, so that a reader sees which of the two
+paid a gain (those rows inform, they do not decide a verdict).
+
 Every input is a file the stages wrote (``eval/results.json``, ``eval/<method>/trajectories.jsonl``,
-``eval/env/<capability>/<base|adapter>/trajectories.jsonl``, ``diagnosis/specs/*.json``), so the table is
+``eval/env/<capability>/<base|adapter|warmup>/trajectories.jsonl``, ``diagnosis/specs/*.json``), so the table is
 rebuilt from them at any time: :func:`compute_links`.
 """
 
@@ -39,9 +45,10 @@ from typing import Any
 LINKS = {
     "L1": ("transfer ceiling", "does supervised training on the capability envs' oracle episodes lift the target "
                                "on the families each capability covers?"),
-    "L2": ("learning", "does GRPO raise each capability env's own success on held-out env seeds?"),
-    "L3": ("transfer", "does each GRPO adapter lift the target on its capability's families, without losing "
-                       "the others?"),
+    "L2": ("learning", "does each capability's training (its GRPO run, from its SFT warm-up where it has one) "
+                       "raise the env's own success on held-out env seeds?"),
+    "L3": ("transfer", "does each capability's adapter lift the target on its capability's families, without "
+                       "losing the others?"),
     "L4": ("composition", "does the token-level MoE beat the base, and match the best single adapter?"),
 }
 
@@ -153,15 +160,18 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     per_family = {f: _delta(_select(base, {f}, True), _select(sft, {f}, True), n_boot, seed) for f in all_families}
     out["L1"] = {"rows": rows, "per_family": per_family, "verdict": _verdict(parts)}
 
-    # L2: each adapter vs the base on its own env's held-out seeds (success, and what paid the reward).
+    # L2: each adapter vs the base on its own env's held-out seeds (success, and what paid the reward), and vs the
+    # SFT warm-up its GRPO run started from (GRPO's own share of the gain).
     rows, parts = [], []
     for cap in families:
         env_dir = run / "eval" / "env" / cap
-        before, after = (load_records(env_dir / who / "trajectories.jsonl")
-                         if (env_dir / who / "trajectories.jsonl").exists() else [] for who in ("base", "adapter"))
+        before, after, warm = (load_records(env_dir / who / "trajectories.jsonl")
+                               if (env_dir / who / "trajectories.jsonl").exists() else []
+                               for who in ("base", "adapter", "warmup"))
         d = _delta(before, after, n_boot, seed)
-        rows.append({"capability": cap, "delta": d, "held": _above(d),
-                     "breakdown": {"base": _breakdown(before), "adapter": _breakdown(after)}})
+        rows.append({"capability": cap, "delta": d, "held": _above(d), "grpo": _delta(warm, after, n_boot, seed),
+                     "breakdown": {"base": _breakdown(before), "adapter": _breakdown(after)}
+                     | ({"warmup": _breakdown(warm)} if warm else {})})
         parts.append(_above(d))
     out["L2"] = {"rows": rows, "verdict": _verdict(parts)}
 
@@ -172,7 +182,10 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
         inside = _delta(_select(base, set(fams), True), _select(adapter, set(fams), True), n_boot, seed)
         others = _delta(_select(base, set(fams), False), _select(adapter, set(fams), False), n_boot, seed)
         held = None if inside is None else bool(_above(inside) and _not_below(others) is not False)
-        rows.append({"capability": cap, "families": fams, "delta": inside, "others": others, "held": held})
+        warm = records_of(f"sft:{cap}")  # its GRPO run's SFT warm-up: what GRPO itself added on these families
+        grpo = _delta(_select(warm, set(fams), True), _select(adapter, set(fams), True), n_boot, seed)
+        rows.append({"capability": cap, "families": fams, "delta": inside, "others": others, "held": held,
+                     "grpo": grpo})
         parts.append(held)
     out["L3"] = {"rows": rows, "verdict": _verdict(parts)}
 
@@ -251,6 +264,8 @@ def _sentence(link: str, entry: dict) -> str:
             text += " (SFT on its env alone)" if row.get("sft", "sft") != "sft" else " (the SFT baseline, every env)"
         if link == "L3":
             text += f" (other families {_fmt(row.get('others'))})"
+        if link in ("L2", "L3") and row.get("grpo") is not None:
+            text += f" (GRPO over its SFT warm-up {_fmt(row['grpo'])})"
         if row.get("held") is not None:
             text += ", held" if row["held"] else ", failed"
         parts.append(text)
@@ -271,9 +286,14 @@ def _summary_rows(links: dict) -> list[list[str]]:
                      _fmt(row["delta"]), held(row["held"])])
     for row in links["L2"]["rows"]:
         rows.append(["L2", f"{row['capability']} adapter on its env", _fmt(row["delta"]), held(row["held"])])
+        if row.get("grpo") is not None:
+            rows.append(["L2", f"{row['capability']}: GRPO over its SFT warm-up, on its env", _fmt(row["grpo"]), "–"])
     for row in links["L3"]["rows"]:
         rows.append(["L3", f"{row['capability']} adapter on its families ({', '.join(row['families'])})",
                      _fmt(row["delta"]), held(row["held"])])
+        if row.get("grpo") is not None:
+            rows.append(["L3", f"{row['capability']}: GRPO over its SFT warm-up, on its families", _fmt(row["grpo"]),
+                         "–"])
         if row.get("others") is not None:
             rows.append(["L3", f"{row['capability']} adapter on the other families", _fmt(row["others"]),
                          held(_not_below(row["others"]))])
@@ -298,7 +318,9 @@ def links_section(doc, links: dict) -> None:
     if summary:
         doc.table(["link", "subject", "Δ [95% CI]", "held"], summary,
                   "Δ pass@1 on the target (L1, L3, L4) or Δ success on the capability env (L2), candidate − "
-                  "base, paired over tasks; a link holds when every one of its rows does.")
+                  "base, paired over tasks; a link holds when every one of its rows does. Rows marked – show what "
+                  "GRPO added over the SFT warm-up it started from: they say who paid a gain, not whether the "
+                  "link held.")
     l1, l4 = links["L1"], links["L4"]
     families = sorted(set(l1.get("per_family") or {}) | set(l4.get("per_family") or {}))
     if families:
@@ -315,21 +337,28 @@ def links_section(doc, links: dict) -> None:
                   "averaged over the blocks), on the evaluation's own episodes.")
     l2 = [r for r in links["L2"]["rows"] if r.get("delta")]
     if l2:
-        doc.table(["capability", "success before", "success after", "Δ success [95% CI]"],
-                  [[r["capability"], f"{r['delta']['base']:.3f}", f"{r['delta']['candidate']:.3f}", _fmt(r["delta"])]
+        warmed = any(r.get("grpo") for r in l2)
+        doc.table(["capability", "success before", *(["after the SFT warm-up"] if warmed else []), "success after",
+                   "Δ success [95% CI]", *(["GRPO over the warm-up"] if warmed else [])],
+                  [[r["capability"], f"{r['delta']['base']:.3f}",
+                    *([f"{r['grpo']['base']:.3f}" if r.get("grpo") else "–"] if warmed else []),
+                    f"{r['delta']['candidate']:.3f}", _fmt(r["delta"]), *([_fmt(r.get("grpo"))] if warmed else [])]
                    for r in l2],
                   "L2 on each capability env's held-out seeds: the base (before) and the capability's adapter "
-                  "(after).")
+                  "(after)" + ("; between them, the SFT warm-up its GRPO run started from, and GRPO's own Δ over "
+                               "it." if warmed else "."))
         rows = []
         for r in l2:
             before, after = r["breakdown"].get("base", {}), r["breakdown"].get("adapter", {})
-            for k in sorted(set(before) | set(after)):
-                b, a = _finite(before.get(k)), _finite(after.get(k))
-                if b is None and a is None:  # a component this env never reports
+            warm = r["breakdown"].get("warmup", {})
+            for k in sorted(set(before) | set(after) | set(warm)):
+                values = [_finite(before.get(k)), *([_finite(warm.get(k))] if warmed else []), _finite(after.get(k))]
+                if all(v is None for v in values):  # a component this env never reports
                     continue
-                rows.append([r["capability"], k, "–" if b is None else f"{b:.2f}", "–" if a is None else f"{a:.2f}"])
+                rows.append([r["capability"], k, *("–" if v is None else f"{v:.2f}" for v in values)])
         if rows:
-            doc.table(["capability", "reward component", "before", "after"], rows,
+            doc.table(["capability", "reward component", "before", *(["after the warm-up"] if warmed else []),
+                       "after"], rows,
                       "L2 reward breakdown: the mean of each component the env reports, over the same held-out "
                       "seeds (read which component moved before reading a gain in reward).")
 

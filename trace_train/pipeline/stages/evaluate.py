@@ -214,9 +214,10 @@ def _routing_by_family(folder: str | None, trajectories: Path) -> str | None:
 
 
 def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tuple[list[RolloutJob], list[tuple]]:
-    """The learning link's episodes (L2): the base and each capability's adapter on ``evaluate.env_seeds`` of
-    that capability's own env, into ``eval/env/<capability>/<base|adapter>/``; and the (source, target, key)
-    copies for adapters that are the base."""
+    """The learning link's episodes (L2): the base, each capability's adapter and, where its GRPO run had one, the
+    SFT warm-up it started from, on ``evaluate.env_seeds`` of that capability's own env, into
+    ``eval/env/<capability>/<base|adapter|warmup>/``; and the (source, target, key) copies for adapters that are
+    the base. The warm-up's episodes split the adapter's gain into the warm-up's share and GRPO's own."""
     e = ctx.cfg.evaluate
     if not e.env_seeds:
         return [], []
@@ -231,8 +232,11 @@ def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tup
         if makes.get(key) is None:
             continue
         env_id = info["env_id"]
-        outs = {who: ctx.path("eval", "env", cap, who, "trajectories.jsonl") for who in ("base", "adapter")}
+        outs = {who: ctx.path("eval", "env", cap, who, "trajectories.jsonl")
+                for who in ("base", "adapter", "warmup")}
         plays = [("base", makes["base"])] + ([] if key in same_as_base else [("adapter", makes[key])])
+        if makes.get(f"sft:{cap}") is not None:  # what GRPO started from: its own share of the gain is after it
+            plays.append(("warmup", makes[f"sft:{cap}"]))
         for who, make in plays:
             jobs.append(RolloutJob(key=f"env:{cap}:{who}", make=make, targets=[env_id], seeds=seeds, samples=1,
                                    out=outs[who], in_flight=e.in_flight, env_kwargs={env_id: kwargs(env_id)},
@@ -306,6 +310,7 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     note = f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else "")
     if e.env_seeds:  # the learning link: base and adapter on each capability env's held-out seeds
         m = len(parse_seeds("evaluate.env_seeds", e.env_seeds))
-        seconds += 2 * k * _tiny_episodes_seconds(m, e.in_flight, fast) / max(1, min(e.workers, 2 * k))
-        note += f", + base and adapter × {m} seeds of each capability env"
+        plays = 3 if "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0 else 2
+        seconds += plays * k * _tiny_episodes_seconds(m, e.in_flight, fast) / max(1, min(e.workers, plays * k))
+        note += (f", + base, {'warm-up ' if plays == 3 else ''}and adapter × {m} seeds of each capability env")
     return seconds, note
