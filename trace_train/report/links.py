@@ -38,6 +38,7 @@ rebuilt from them at any time: :func:`compute_links`.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,7 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     res = _load(run / "eval" / "results.json") or {}
     methods = res.get("methods") or {}
 
+    @functools.cache  # L1 and L3 both read the warm-up rows, L3 and L4 the adapters: one read each
     def records_of(key: str) -> list[dict]:
         m = methods.get(key) or {}
         if not m.get("available") or not m.get("trajectories"):

@@ -295,7 +295,8 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
     methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
-    if "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0:
+    warmups = "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0
+    if warmups:
         methods += k  # each GRPO run's SFT warm-up is a row of its own (the L1 transfer ceiling)
     # Every row but a scripted or endpoint base's own is a local model (an adapter, a merge, the composer);
     # per-episode routing decodes with generate() (its rows route apart, so they share no prefix), the others
@@ -308,9 +309,9 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     workers = min(e.workers, methods)
     seconds = math.ceil(methods / workers) * sum(per_method) / methods
     note = f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else "")
-    if e.env_seeds:  # the learning link: base and adapter on each capability env's held-out seeds
+    if e.env_seeds:  # the learning link: base and adapter (and warm-up) on each capability env's held-out seeds
         m = len(parse_seeds("evaluate.env_seeds", e.env_seeds))
-        plays = 3 if "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0 else 2
+        plays = 3 if warmups else 2  # the warm-ups are played on their envs too (GRPO's own share, L2)
         seconds += plays * k * _tiny_episodes_seconds(m, e.in_flight, fast) / max(1, min(e.workers, plays * k))
-        note += (f", + base, {'warm-up ' if plays == 3 else ''}and adapter × {m} seeds of each capability env")
+        note += f", + base, {'warm-up ' if warmups else ''}and adapter × {m} seeds of each capability env"
     return seconds, note
