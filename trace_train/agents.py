@@ -301,14 +301,19 @@ class HFAgent:
             composed one with per-episode routing; ``auto`` (default)
             takes ``fast`` for the tiny presets' models on CPU and ``hf`` for every other model.
             ``agent.decode`` says which one is in use.
-        top_k: top-k filter when sampling; None is what ``generate`` uses (the model's generation config, else 50).
+        top_k: top-k filter when sampling; None is what ``generate`` uses (the model's generation config, else 50);
+            0 samples from the full softmax (what a GRPO loss assumes).
+        record_samples: keep, after each call, every row's sampled token ids (end token included) and their
+            log-probabilities under the distribution they were drawn from in ``last_samples``; the rollout loop
+            copies them into the trajectory record (``sampled_turns``) so a trainer can compare them with its own.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, adapter: str | None = None, threads: int | None = 1,
                  device: str = "cpu", max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  max_prompt_tokens: int = 8192, batch_size: int = 64, chat_template_kwargs: dict | None = None,
                  seed: int | None = 0, name: str | None = None, dtype: Any = None,
-                 prefix_cache: bool = True, decode: str = "auto", top_k: int | None = None) -> None:
+                 prefix_cache: bool = True, decode: str = "auto", top_k: int | None = None,
+                 record_samples: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -370,7 +375,9 @@ class HFAgent:
         self._end_markers = [m for m in ("<|im_end|>", "<|endoftext|>", self.tokenizer.eos_token) if m]
         self.top_k = top_k
         self.decoder = None  # a FastDecoder when decoding the fast way
-        self.last_logprobs: list[list[float]] = []  # fast decoding: per row of the last call, its tokens' logprobs
+        self.record_samples = record_samples
+        #: With ``record_samples``: per row of the last call, (sampled token ids, their sampler log-probabilities).
+        self.last_samples: list[tuple[list[int], list[float]]] = []
         from .tiny import fast_decode
 
         use_fast = decode == "auto" and str(device).startswith("cpu") and fast_decode.auto_applies(self.model)
@@ -398,8 +405,11 @@ class HFAgent:
     def act_batch(self, observations: Sequence[str], infos: Sequence[dict]) -> list[str]:
         """Generate one turn for each env in one batched ``generate`` call (split at ``batch_size``)."""
         out: list[str] = []
+        samples: list[tuple[list[int], list[float]]] = []
         for start in range(0, len(infos), self.batch_size):
             out.extend(self._generate([self.prompt(i) for i in infos[start:start + self.batch_size]]))
+            samples.extend(self.last_samples)
+        self.last_samples = samples if self.record_samples else []
         return out
 
     # -- prefix cache: per conversation, the keys/values of the tokens seen so far
@@ -499,7 +509,8 @@ class HFAgent:
             tokens = gen.tokens[:-1] if gen.tokens and gen.tokens[-1] in eos else gen.tokens
             completion_tokens += len(tokens)
             texts.append(self._text(tokens))
-        self.last_logprobs = [gen.logprobs for gen in out]
+        self.last_samples = [(list(gen.tokens), [float(x) for x in gen.logprobs]) for gen in out] \
+            if self.record_samples else []
         self.cached_prompt_tokens += sum(gen.cached_tokens for gen in out)
         self.stats.calls += len(prompts)
         self.stats.prompt_tokens += sum(len(s) for s in ids)
@@ -530,6 +541,8 @@ class HFAgent:
                 gen_kwargs["top_k"] = self.top_k
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if self.record_samples:  # the processed scores: the distribution each token was drawn from
+            gen_kwargs.update(return_dict_in_generate=True, output_scores=True)
         cache, scopes = None, []
         if self.prefix_cache:
             scopes = self._scopes(ids)
@@ -548,15 +561,16 @@ class HFAgent:
                 gen_kwargs["past_key_values"] = gen_kwargs.pop("cache")
                 output = self.model.generate(input_ids=input_ids.to(self.device),
                                              attention_mask=mask.to(self.device), **gen_kwargs)
-        sequences = output.sequences if self.prefix_cache else output
+        sequences = output.sequences if (self.prefix_cache or self.record_samples) else output
         if self.prefix_cache:
             returned = output.get("cache", None) if hasattr(output, "get") else None
             returned = returned if returned is not None else getattr(output, "past_key_values", None)
             if returned is not None:
                 self._store(sequences, returned, pads, scopes)
         new = sequences[:, width:].tolist()
-        texts, completion_tokens = [], 0
-        for seq in new:
+        texts, completion_tokens, samples = [], 0, []
+        step_logps = [torch.log_softmax(s.float(), dim=-1) for s in output.scores] if self.record_samples else []
+        for row, seq in enumerate(new):
             n = len(seq)
             for j, tok in enumerate(seq):
                 if tok in self.eos_ids:
@@ -564,6 +578,10 @@ class HFAgent:
                     break
             completion_tokens += n
             texts.append(self._text(seq[:n]))
+            if self.record_samples:
+                kept = seq[:min(len(seq), n + 1)]  # the end token was sampled too
+                samples.append((kept, [float(step_logps[j][row, tok]) for j, tok in enumerate(kept)]))
+        self.last_samples = samples
         self.stats.calls += len(prompts)
         self.stats.prompt_tokens += sum(len(s) for s in ids)
         self.stats.completion_tokens += completion_tokens

@@ -109,13 +109,14 @@ def _task_labels(env: gym.Env) -> tuple[dict, str | None]:
 
 class _Episode:
     __slots__ = ("key", "env", "agent", "obs", "info", "steps", "reward", "done", "truncated", "t0", "reset_s",
-                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task")
+                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task", "sampled")
 
     def __init__(self, key: Key, env: gym.Env, agent: Any, cap: int) -> None:
         self.key, self.env, self.agent, self.cap = key, env, agent, cap
         self.steps, self.reward, self.done, self.truncated = 0, 0.0, False, False
         self.agent_s = self.env_s = 0.0
         self.agent_errors = 0
+        self.sampled: list[dict] = []
 
 
 def jsonl_line(record: dict) -> bytes:
@@ -188,6 +189,9 @@ def _record(ep: _Episode, agent_name: str) -> dict:
         "steps": ep.steps,
         "agent_errors": ep.agent_errors,
         **({"rejected_turns": info["rejected_turns"]} if info.get("rejected_turns") else {}),
+        # An agent that records its samples (HFAgent's record_samples): each turn's sampled token ids, their
+        # sampler log-probabilities, and whether the env took the turn into the transcript (a rejected turn is not).
+        **({"sampled_turns": ep.sampled} if ep.sampled else {}),
         **({"env_error": str(info.get("env_error") or info.get("reward_breakdown", {}).get("error") or "")}
            if terminated and info.get("termination") == "env_error" else {}),
         "timing": {"reset_s": ep.reset_s, "env_s": ep.env_s, "agent_s": ep.agent_s,
@@ -389,18 +393,27 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                     share = (time.perf_counter() - t1) / len(open_eps)
                     for e in open_eps:
                         e.agent_s += share
+                    samples = getattr(agent, "last_samples", None) if getattr(agent, "record_samples", False) else None
+                    if samples is not None and len(samples) != len(open_eps):
+                        samples = None
                 else:
+                    samples = None
                     actions = []
                     for e in open_eps:
                         t2 = time.perf_counter()
                         actions.append(e.agent(e.obs, e.info))
                         e.agent_s += time.perf_counter() - t2
                 still_open = []
-                for e, action in zip(open_eps, actions):
+                for i, (e, action) in enumerate(zip(open_eps, actions)):
                     e.agent_errors += int(_is_agent_error(action))
                     t3 = time.perf_counter()
+                    before = len(e.info.get("messages") or ())
                     e.obs, r, terminated, truncated, e.info = e.env.step(action)
                     e.env_s += time.perf_counter() - t3
+                    if samples is not None:
+                        tokens, logprobs = samples[i]
+                        e.sampled.append({"tokens": tokens, "logprobs": logprobs,
+                                          "accepted": len(e.info.get("messages") or ()) > before})
                     e.reward += float(r)
                     e.steps += 1
                     if terminated or truncated or e.steps >= e.cap:

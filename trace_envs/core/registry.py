@@ -33,7 +33,9 @@ from typing import Any
 
 
 ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
-KINDS = ("target", "capability")
+#: target: a benchmark-style env the loop improves on; capability: an env that isolates one capability;
+#: sanity: a one-turn task whose answer is readable from the prompt, for checking that a trainer learns.
+KINDS = ("target", "capability", "sanity")
 FIELDS = ("id", "entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs",
           "origin", "description", "sandbox")
 #: The entry point that ``gym.make`` calls for a sandboxed entry (DESIGN.md, "Sandboxing").

@@ -25,8 +25,9 @@ It is a second implementation of the same forward, so it is tested token-for-tok
 (greedy) in ``tests/test_fast_decode.py``; :func:`supported` says which models it takes and every other
 model keeps ``generate`` (:class:`trace_train.agents.HFAgent` chooses). Sampling draws from
 ``softmax(logits / temperature)`` after the same top-k / top-p filtering ``generate`` applies, and returns the
-log-probability of each sampled token under the unfiltered ``log_softmax(logits / temperature)``, which is
-what TRL's GRPO loss recomputes for those tokens.
+log-probability of each sampled token under the distribution it was drawn from (the filtered one, renormalised).
+Without filters that is ``log_softmax(logits / temperature)``, what TRL's GRPO loss recomputes for those tokens;
+with them the two differ, and the trainer's mismatch metric (``mismatch_kl``, docs/train.md) shows by how much.
 
 Torch is imported when a decoder is built, never at module import.
 """
@@ -367,7 +368,7 @@ class Generation:
     """What :meth:`FastDecoder.generate` returns per row."""
 
     tokens: list[int]  # new tokens, the stop token included when one was produced
-    logprobs: list[float]  # log p(token) under log_softmax(logits / temperature) (greedy: temperature 1)
+    logprobs: list[float]  # log p(token) under the distribution it was drawn from (greedy: log_softmax(logits))
     cached_tokens: int  # prompt tokens whose keys/values came from the store (an earlier call), not encoded
 
 
@@ -633,6 +634,8 @@ class FastDecoder:
             filtered = filtered.masked_fill(drop.scatter(1, order, drop), float("-inf"))
         probs = torch.softmax(filtered, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        if filtered is not scores:  # the sampler's own distribution is the filtered one
+            logp = torch.log_softmax(filtered, dim=-1)
         return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
     # -- generation

@@ -66,16 +66,17 @@ def qwen3_chat_template() -> str:
 def default_corpus_envs() -> list[str]:
     """The env ids whose text trains the tokenizer when none are named.
 
-    The built-in registry's envs without requirements, each at its first published version: a stable set,
-    so that a new ``-vN`` of an env, or a workspace of generated envs named by ``TRACE_REGISTRY``, never
-    changes the tokenizer, and with it the content key and the base a recipe builds.
+    The built-in registry's target and capability envs without requirements, each at its first published
+    version: a stable set, so that a new ``-vN`` of an env, a trainer sanity task, or a workspace of generated
+    envs named by ``TRACE_REGISTRY`` never changes the tokenizer, and with it the content key and the base a
+    recipe builds.
     """
     import trace_envs
     from trace_envs.core.registry import BUILTIN_REGISTRY
 
     first: dict[str, tuple[int, str]] = {}
     for e in trace_envs.registered():
-        if e.requires or Path(e.source or "").resolve() != BUILTIN_REGISTRY.resolve():
+        if e.requires or e.kind == "sanity" or Path(e.source or "").resolve() != BUILTIN_REGISTRY.resolve():
             continue
         name, _, version = e.id.rpartition("-v")
         v = int(version) if version.isdigit() else 0

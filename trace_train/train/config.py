@@ -114,6 +114,10 @@ class TrainConfig:
     hint_share: float = _help("hint mode (off-policy, off by default): this share of each group's rollouts gets "
                               "hint_text in its system prompt while generating; the gradient sees the plain prompt "
                               "(rollout='trace')", default=0.0)
+    shuffle_rewards: bool = _help("the negative control of a trainer check: each step's rewards are dealt to its "
+                                  "episodes in a random order, so they carry no information about the episodes "
+                                  "(a trainer that still 'learns' is learning something other than the reward)",
+                                  default=False)
     hint_text: str | None = _help("the hint (default: the env's hint_text attribute if it has one, else its registry "
                                   "description)", default=None)
 
@@ -330,6 +334,8 @@ class TrainConfig:
         if self.rollout == "trl" and (self.resample_attempts or self.hint_share):
             name = "resample_attempts" if self.resample_attempts else "hint_share"
             self._fail(name, "dynamic sampling and hints need TRACE's rollout loop: set rollout: trace, or 0 here")
+        if self.rollout == "trl" and self.shuffle_rewards:
+            self._fail("shuffle_rewards", "the shuffled-reward control needs TRACE's rollout loop: set rollout: trace")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             self._fail("save_total_limit", "use a positive integer or None")
 

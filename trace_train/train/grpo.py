@@ -53,7 +53,6 @@ which encodes the prefix the step's episodes share once instead of once per epis
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
@@ -65,19 +64,15 @@ from typing import Any, Sequence
 
 from .calibration import calibrate
 from .config import ConfigError, TrainConfig
+from .log import LOG_COLUMNS, plot_reward_curve, read_log
 
 logger = logging.getLogger(__name__)
 
 #: Seconds per request of an endpoint policy (policy_base_url): a long turn of a large model on a busy server.
 ENDPOINT_TIMEOUT_S = 300.0
 
-#: Columns of ``train_log.csv`` (TRL's metric names where it has one).
-LOG_COLUMNS = ("step", "reward", "reward_std", "frac_reward_zero_std", "informative_before_resampling",
-               "resampled_groups", "env_errors", "episodes", "kl", "completion_length", "clipped_ratio", "loss",
-               "replay_nll", "grad_norm", "learning_rate", "generation_s", "env_s", "encode_s", "rollout_s",
-               "forward_backward_s", "optimizer_s", "step_s", "reward_by_env")
-
-__all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "train"]
+__all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "read_log",
+           "plot_reward_curve", "train"]
 
 
 @dataclass
@@ -145,34 +140,100 @@ def _hint_for(cfg: TrainConfig, env_id: str) -> str:
 # ----------------------------------------------------------------------------- episodes -> tokens
 
 
+@dataclass
+class EncodedEpisode:
+    """One episode as TRL's ``rollout_func`` returns it, plus what its sampler said of its tokens.
+
+    ``sampler_logprobs`` is aligned with ``completion_ids``: the log-probability each agent token had under the
+    distribution it was sampled from, NaN where there is none (tool results and user replies; an agent turn whose
+    text, as the transcript renders it, is not token for token what was sampled). ``agent_tokens`` counts the
+    agent's tokens in the completion and ``sampled_tokens`` those of them that carry a sampler log-probability:
+    their ratio is how much of the gradient falls on exactly the tokens the policy sampled.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    env_mask: list[int]
+    sampler_logprobs: list[float]
+    agent_tokens: int = 0
+    sampled_tokens: int = 0
+
+
 def encode_episode(tokenizer, record: dict, max_completion_length: int) -> tuple[list[int], list[int], list[int]]:
-    """(prompt ids, completion ids, env mask) of one episode, as TRL's ``rollout_func`` returns them.
+    """(prompt ids, completion ids, env mask) of one episode, as TRL's ``rollout_func`` returns them
+    (:func:`encode_episode_sampled` without the sampler's log-probabilities)."""
+    enc = encode_episode_sampled(tokenizer, record, max_completion_length)
+    return enc.prompt_ids, enc.completion_ids, enc.env_mask
+
+
+def encode_episode_sampled(tokenizer, record: dict, max_completion_length: int) -> EncodedEpisode:
+    """One episode's tokens for the loss, and the sampler's log-probabilities of those it sampled.
 
     The prompt is the conversation up to the first assistant turn, rendered as :class:`HFAgent` renders it;
     the completion is the rest of the episode (through the last assistant turn), each assistant turn as it
     appears in later prompts (``<|im_end|>`` included) with mask 1, tool results and user replies between
     them with mask 0. It is cut at ``max_completion_length`` tokens.
 
-    Turns the env rejected (text that is not a readable action) are not in its transcript, so they get no
-    gradient of their own; the episode's reward still counts for its group. An episode whose every turn was
-    rejected is its first prompt and a single ``<|im_end|>`` with mask 0 (it shapes its group's baseline only).
+    The loss is computed on the transcript's tokens, which are also the context every later turn was sampled
+    in. Where a turn's rendered tokens are exactly the ones sampled (the record's ``sampled_turns``, kept by an
+    agent with ``record_samples``), their sampler log-probabilities come along, so the trainer can measure how
+    far its own log-probabilities of the same tokens are from the sampler's (``mismatch_kl``).
+
+    Turns the env rejected (text that is not a readable action) are not in its transcript. When the episode
+    ended on them (the turn cap or too many errors came while the policy kept writing unreadable turns), the
+    last of them was sampled from the conversation as the transcript still has it, so it joins the completion
+    as sampled, mask 1: it gets the episode's advantage like any other turn. Without it a malformed reply is
+    invisible to the loss (its reward 0 lowers its group's baseline, nothing pushes its tokens down), and
+    probability mass drifts into it freely: on the sanity task a policy at lr 1e-2 fell into empty replies
+    within 9 steps and never came back (docs/train.md, "Does the trainer learn?"). A rejected turn that the
+    policy followed with a readable one is left out (its context is the next turn's, not the end of the
+    completion). Without recorded samples, an episode whose every turn was rejected is its first prompt and a
+    single ``<|im_end|>`` with mask 0 (it shapes its group's baseline only).
     """
     from ..tiny.sft_data import render_prompt, sft_segments
 
+    nan = float("nan")
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    turns = list(record.get("sampled_turns") or ())
+    last_taken = max((i for i, t in enumerate(turns) if t.get("accepted")), default=-1)
+    taken = iter([t for t in turns[:last_taken + 1] if t.get("accepted")])
+    trailing = turns[last_taken + 1:]
     segments = sft_segments(tokenizer, record)
-    if not segments:
-        messages = [m for m in record["messages"] if m["role"] != "assistant"]
-        prompt_ids = tokenizer(render_prompt(tokenizer, messages, record.get("tools")),
-                               add_special_tokens=False)["input_ids"]
-        return prompt_ids, [tokenizer.convert_tokens_to_ids("<|im_end|>")], [0]
-    prompt_ids = tokenizer(segments[0][0], add_special_tokens=False)["input_ids"]
+    if segments:
+        prompt_text, body = segments[0][0], segments[1:]
+    else:
+        prompt_text, body = render_prompt(tokenizer, record["messages"], record.get("tools")), []
     completion: list[int] = []
     mask: list[int] = []
-    for text, is_target in segments[1:]:
-        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+    logprobs: list[float] = []
+    for text, is_target in body:
+        piece = ids(text)
         completion.extend(piece)
         mask.extend([int(is_target)] * len(piece))
-    return prompt_ids, completion[:max_completion_length], mask[:max_completion_length]
+        turn = next(taken, None) if is_target else None
+        if turn is not None and list(turn["tokens"]) == piece:
+            logprobs.extend(float(x) for x in turn["logprobs"])
+        else:
+            logprobs.extend([nan] * len(piece))
+    if trailing:
+        context = render_prompt(tokenizer, record["messages"], record.get("tools"))
+        written = prompt_text + "".join(text for text, _ in body)
+        if context.startswith(written):  # the template renders the history as the completion has it
+            rest = ids(context[len(written):]) if len(context) > len(written) else []
+            rejected = trailing[-1]
+            completion.extend(rest + list(rejected["tokens"]))
+            mask.extend([0] * len(rest) + [1] * len(rejected["tokens"]))
+            logprobs.extend([nan] * len(rest) + [float(x) for x in rejected["logprobs"]])
+    if not completion:
+        completion, mask, logprobs = [tokenizer.convert_tokens_to_ids("<|im_end|>")], [0], [nan]
+    cut = max_completion_length
+    agent_tokens = sum(mask[:cut])
+    sampled_tokens = sum(1 for m, lp in zip(mask[:cut], logprobs[:cut]) if m and lp == lp)
+    return EncodedEpisode(ids(prompt_text), completion[:cut], mask[:cut], logprobs[:cut], agent_tokens,
+                          sampled_tokens)
 
 
 # ----------------------------------------------------------------------------- the rollout function
@@ -200,6 +261,14 @@ class _HintedAgent:
 
     def act_batch(self, observations: Sequence[str], infos: Sequence[dict]) -> list:
         return self.agent.act_batch(observations, [self._hinted(i) for i in infos])
+
+    @property
+    def record_samples(self) -> bool:
+        return bool(getattr(self.agent, "record_samples", False))
+
+    @property
+    def last_samples(self) -> list:
+        return getattr(self.agent, "last_samples", [])
 
     def __call__(self, observation: str, info: dict):
         return self.act_batch([observation], [info])[0]
@@ -261,10 +330,13 @@ class GroupRollouts:
 
         model = trainer.accelerator.unwrap_model(trainer.model)
         # threads/seed None: the run set the threads, and sampling follows the trainer's (checkpointed) RNG.
+        # top_k 0: the loss's log-probs are the full softmax's, so the rollouts sample from it (a top-k filter
+        # would make every step off-policy by the mass it cuts); top_p stays TRL's (1.0 unless set in trl_args).
+        # record_samples: each turn's sampled tokens and their log-probs, for the mismatch metric.
         return HFAgent(model, tokenizer=trainer.processing_class, threads=None, device=self.device,
                        max_new_tokens=self.cfg.max_turn_tokens, temperature=self.cfg.temperature, top_p=top_p,
                        max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
-                       name="grpo-policy", decode=self.cfg.decode)
+                       name="grpo-policy", decode=self.cfg.decode, top_k=0, record_samples=True)
 
     def _endpoint_policy(self, top_p: float) -> EndpointPolicy:
         """How the step's episodes are played with ``policy_base_url``: an :class:`~trace_train.agents.OpenAIChatAgent`
@@ -393,7 +465,7 @@ class GroupRollouts:
         cfg = self.cfg
         rows = getattr(trainer, "_trace_rows", None)
         if rows is None or len(rows) != len(prompts):
-            raise RuntimeError("GroupRollouts needs the batch rows; use it with trace_train.train.grpo.TraceGRPOTrainer")
+            raise RuntimeError("GroupRollouts needs the batch rows; use it with trace_train.train.trainer.TraceGRPOTrainer")
         g = cfg.group_size
         if len(rows) % g:
             raise RuntimeError(f"a batch of {len(rows)} rows is not whole groups of {g}")
@@ -431,8 +503,8 @@ class GroupRollouts:
                 agent.model.train(was_training)
         played_s = time.perf_counter() - t0
         tokenizer = trainer.processing_class
-        prompt_ids, completion_ids, env_mask, rewards, env_names = [], [], [], [], []
-        env_errors = 0
+        prompt_ids, completion_ids, env_mask, rewards, env_names, logprobs = [], [], [], [], [], []
+        env_errors = agent_tokens = sampled_tokens = 0
         for (env_id, _, _), eps in zip(groups, played):
             # An episode the machine failed (termination env_error: an image build, a dead container) says
             # nothing about the policy. TRL needs every row, so it stays, but out of the group: the mean reward
@@ -441,16 +513,26 @@ class GroupRollouts:
             scored = [float(r["reward"]) for r in eps if r.get("termination") != "env_error"]
             fill = sum(scored) / len(scored) if scored else 0.0
             for record in eps:
-                p, c, m = encode_episode(tokenizer, record, cfg.max_completion_length)
-                reward = float(record["reward"])
+                enc = encode_episode_sampled(tokenizer, record, cfg.max_completion_length)
+                m, reward = enc.env_mask, float(record["reward"])
                 if record.get("termination") == "env_error":
                     env_errors += 1
                     m, reward = [0] * len(m), fill
-                prompt_ids.append(p)
-                completion_ids.append(c)
+                else:
+                    agent_tokens += enc.agent_tokens
+                    sampled_tokens += enc.sampled_tokens
+                prompt_ids.append(enc.prompt_ids)
+                completion_ids.append(enc.completion_ids)
                 env_mask.append(m)
+                logprobs.append(enc.sampler_logprobs)
                 rewards.append(reward)
                 env_names.append(env_id)
+        if cfg.shuffle_rewards:
+            # The negative control: the same rewards, dealt to the batch's episodes at random (a pure function of
+            # the seed and the step), so that no reward says anything about the episode it lands on.
+            import random
+
+            random.Random(f"{cfg.seed}:{trainer.state.global_step}").shuffle(rewards)
         if env_errors:
             logger.warning("%d of %d GRPO episodes ended in env_error (the machine failed, not the policy); "
                            "they were left out of their groups", env_errors, len(rewards))
@@ -466,9 +548,12 @@ class GroupRollouts:
         self.last = {"episodes": episodes, "resampled_groups": resampled, "env_errors": env_errors,
                      "informative_before_resampling": 1.0 - sum(flat_before) / len(flat_before),
                      "generation_s": gen_s, "env_s": env_s, "encode_s": wall - played_s, "rollout_s": wall,
-                     "reward_by_env": {e: sum(v) / len(v) for e, v in by_env.items()}}
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None,
-                "env_mask": env_mask, "env_reward": rewards}
+                     "reward_by_env": {e: sum(v) / len(v) for e, v in by_env.items()},
+                     "sampled_token_share": sampled_tokens / agent_tokens if agent_tokens else None}
+        # TRL keeps the sampler's log-probs as the batch's sampling_per_token_logps; without vLLM it only stores
+        # them, and TraceGRPOTrainer compares them with the loss's own (mismatch_kl).
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
+                "logprobs": logprobs if sampled_tokens else None, "env_mask": env_mask, "env_reward": rewards}
 
 
 def env_reward(prompts=None, completions=None, env_reward=None, **kwargs) -> list[float]:
@@ -476,196 +561,6 @@ def env_reward(prompts=None, completions=None, env_reward=None, **kwargs) -> lis
     if env_reward is None:
         raise RuntimeError("env_reward needs the rollout's env_reward column (rollout: trace)")
     return [float(r) for r in env_reward]
-
-
-def _trainer_class():
-    from trl import GRPOTrainer
-
-    class TraceGRPOTrainer(GRPOTrainer):
-        """``GRPOTrainer`` that lets the rollout function see the batch rows (their seeds), which TRL hands
-        to ``environment_factory.reset`` but not to ``rollout_func``. Nothing else changes."""
-
-        #: Set by :func:`train`: compute the loss's log-probs with the batch's shared prefix encoded once.
-        trace_shared_prefix = False
-        #: Set by :func:`train` with ``grpo_replay_weight``: (weight, :class:`~.replay.ReplayBatches`, pad id).
-        trace_replay = None
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
-            if self.trace_replay is None or not model.training:
-                return loss
-            from .replay import replay_nll
-
-            weight, batches, pad_id = self.trace_replay
-            with self.accelerator.autocast():
-                nll = replay_nll(self.accelerator.unwrap_model(model), batches.next(), pad_id,
-                                 str(self.accelerator.device))
-            self._metrics["train"]["replay_nll"].append(float(nll.detach()))
-            return loss + weight * nll
-
-        def _generate_and_score_completions(self, inputs):
-            self._trace_rows = inputs
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                self._trace_rows = None
-
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
-                                               **extra):
-            # Text-only batches take the shared-prefix forward (the same values); anything else is TRL's.
-            # (One process only: the unwrapped module's forward would bypass DDP's own forward.)
-            if not self.trace_shared_prefix or compute_aux_loss or any(v is not None for v in extra.values()) \
-                    or self.accelerator.num_processes > 1:
-                return super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
-            from .prefix_logprobs import shared_prefix_logprobs
-
-            with self.accelerator.autocast():
-                logps, entropies = shared_prefix_logprobs(self.accelerator.unwrap_model(model), input_ids,
-                                                          attention_mask, logits_to_keep, self.temperature,
-                                                          compute_entropy)
-            return logps, entropies, None
-
-    return TraceGRPOTrainer
-
-
-# ----------------------------------------------------------------------------- logging
-
-
-def _step_logger(cfg: TrainConfig, rollouts: GroupRollouts | None, log_csv: Path, start_step: int):
-    from transformers import TrainerCallback
-
-    class StepLogger(TrainerCallback):
-        """One ``train_log.csv`` row per optimiser step, with the step's seconds per phase."""
-
-        def __init__(self) -> None:
-            self.t_step = self.t_pre = 0.0
-            self.optimizer_s = self.step_s = 0.0
-            self.rows: list[dict] = []
-            if log_csv.exists() and start_step > 0:  # resumed: keep the rows up to the checkpoint
-                with open(log_csv, newline="") as f:
-                    kept = [r for r in csv.DictReader(f) if int(float(r["step"])) <= start_step]
-                self._write(kept, mode="w")
-            elif log_csv.exists():
-                log_csv.unlink()
-
-        def _write(self, rows: list[dict], mode: str = "a") -> None:
-            new = mode == "w" or not log_csv.exists()
-            with open(log_csv, mode, newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=LOG_COLUMNS, extrasaction="ignore")
-                if new:
-                    writer.writeheader()
-                writer.writerows(rows)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.t_step = time.perf_counter()
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.t_pre = time.perf_counter()
-
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            self.optimizer_s = time.perf_counter() - self.t_pre
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.step_s = time.perf_counter() - self.t_step
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            if "reward" not in logs:
-                return
-            last = rollouts.last if rollouts is not None else {}
-            rollout_s = last.get("rollout_s")  # None with rollout: trl (TRL's loop is not timed by phase)
-            row = {"step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
-                   "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
-                   "informative_before_resampling": last.get("informative_before_resampling",
-                                                             1.0 - logs.get("frac_reward_zero_std", math.nan)),
-                   "resampled_groups": last.get("resampled_groups", 0), "env_errors": last.get("env_errors", 0),
-                   "episodes": last.get("episodes", cfg.batch_rollouts), "kl": logs.get("kl"),
-                   "completion_length": logs.get("completions/mean_length"),
-                   "clipped_ratio": logs.get("completions/clipped_ratio"), "loss": logs.get("loss"),
-                   "replay_nll": logs.get("replay_nll"),
-                   "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
-                   "generation_s": last.get("generation_s"), "env_s": last.get("env_s"),
-                   "encode_s": last.get("encode_s"), "rollout_s": rollout_s,
-                   "forward_backward_s": (self.step_s - self.optimizer_s - rollout_s) if rollout_s else None,
-                   "optimizer_s": self.optimizer_s, "step_s": self.step_s,
-                   "reward_by_env": json.dumps(last.get("reward_by_env", {}), sort_keys=True)}
-            self.rows.append(row)
-            self._write([row])
-
-    return StepLogger()
-
-
-def _time_budget(minutes: float):
-    from transformers import TrainerCallback
-
-    class TimeBudget(TrainerCallback):
-        """Stops training before the step that would overrun ``minutes`` of training (predicted as the
-        slowest of the last 4 steps); the trainer then saves its final checkpoint as at ``max_steps``."""
-
-        def __init__(self) -> None:
-            self.spent = 0.0
-            self.recent: list[float] = []
-            self.t = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.recent = (self.recent + [time.perf_counter() - self.t])[-4:]
-            self.spent += self.recent[-1]
-            if self.spent + max(self.recent) > minutes * 60:
-                control.should_training_stop = True
-                control.should_save = True
-
-    return TimeBudget()
-
-
-def read_log(log_csv: str | Path) -> list[dict]:
-    """``train_log.csv`` as a list of dicts of floats (empty cells are None)."""
-    def value(key: str, text: str | None):
-        if text in ("", None):
-            return None
-        return json.loads(text) if key == "reward_by_env" else float(text)
-
-    with open(log_csv, newline="") as f:
-        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def plot_reward_curve(log_csv: Path, path: Path, title: str) -> Path | None:
-    """Reward mean ± std per step and the informative share of groups, from ``train_log.csv``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    rows = read_log(log_csv)
-    if not rows:
-        return None
-    steps = [r["step"] for r in rows]
-    mean = [r["reward"] or 0.0 for r in rows]
-    std = [r["reward_std"] or 0.0 for r in rows]
-    informative = [1.0 - (r["frac_reward_zero_std"] or 0.0) for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, mean, marker="o", ms=3, label="reward (mean over the step's rollouts)")
-    # rewards live in [0, 1]: the ± std band is drawn inside it
-    ax.fill_between(steps, [max(0.0, m - s) for m, s in zip(mean, std)], [min(1.0, m + s) for m, s in zip(mean, std)],
-                    alpha=0.2)
-    ax.plot(steps, informative, ls="--", color="tab:green", label="informative groups (share)")
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
-    ax.set_ylabel("reward / share")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 # ----------------------------------------------------------------------------- train
@@ -736,6 +631,8 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig
 
+    from .trainer import StepLogger, TimeBudget, TraceGRPOTrainer
+
     if device == "cpu":
         torch.set_num_threads(cfg.threads)
     args = GRPOConfig(**cfg.grpo_kwargs(device))
@@ -765,7 +662,6 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
         calibration_json.write_text(json.dumps(calibration, indent=2, default=str))
 
     dataset = _seed_dataset(cfg, env_kwargs)
-    trainer_cls = _trainer_class()
     rollouts = None
     if cfg.rollout == "trace":
         rollouts = GroupRollouts(cfg, env_kwargs, device)
@@ -777,7 +673,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
         extra = {"reward_funcs": [], "environment_factory": factories if len(factories) > 1
                  else next(iter(factories.values()))}
     log_csv = out / "train_log.csv"
-    logger_cb = _step_logger(cfg, rollouts, log_csv, start_step)
+    logger_cb = StepLogger(log_csv, rollouts, default_episodes=cfg.batch_rollouts, start_step=start_step)
     peft_config = cfg.lora_config()
     if cfg.sft_warmup_steps:
         from peft import PeftModel
@@ -786,7 +682,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
         # beta > 0 TRL keeps a frozen copy of it as the reference: the KL term holds GRPO near the SFT policy.
         model = PeftModel.from_pretrained(model, str(sft_warmup(cfg, env_kwargs, device)), is_trainable=True)
         peft_config = None
-    trainer = trainer_cls(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
+    trainer = TraceGRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
                           peft_config=peft_config, callbacks=[logger_cb, *callbacks], **extra)
     trainer.trace_shared_prefix = _shared_prefix_loss(cfg, trainer.model, device)
     if cfg.grpo_replay_weight > 0:
@@ -801,7 +697,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
             trainer.trace_replay = (float(cfg.grpo_replay_weight), batches, tokenizer.pad_token_id)
             (out / "replay.json").write_text(json.dumps(batches.summary, indent=2))
     if cfg.max_minutes:
-        trainer.add_callback(_time_budget(cfg.max_minutes))
+        trainer.add_callback(TimeBudget(cfg.max_minutes))
     trainer.train(resume_from_checkpoint=resume_from)
 
     cfg.adapter_dir.mkdir(parents=True, exist_ok=True)

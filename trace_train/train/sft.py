@@ -17,12 +17,14 @@ from .config import TrainConfig
 from .grpo import TrainResult
 
 
-def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int):
+def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int,
+                 on_checkpoint=None, checkpoint_every: int = 0):
     """Fit a LoRA on the envs' oracle episodes with the bootstrap's SFT code
     (:func:`trace_train.tiny.bootstrap.bootstrap_model` with ``lora``): the first env as its target and the others as
     a mixture of the same size. Writes the adapter (PEFT format) to ``out`` and returns the
     :class:`~trace_train.tiny.bootstrap.BootstrapResult`. Used by the SFT baseline and by GRPO's SFT warm-up
-    (``TrainConfig.sft_warmup_steps``)."""
+    (``TrainConfig.sft_warmup_steps``). ``on_checkpoint``/``checkpoint_every``: the bootstrap's hook, called as
+    ``fn(step, model, tokenizer, training_seconds)`` every ``checkpoint_every`` steps and at the end."""
     from ..tiny.bootstrap import BootstrapConfig, bootstrap_model
 
     first, *others = cfg.env_ids
@@ -39,7 +41,7 @@ def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out
                            turn_head_weight=float(cfg.sft_turn_head_weight),
                            replay=cfg.sft_replay if cfg.sft_replay_share else None,
                            replay_share=float(cfg.sft_replay_share))
-    return bootstrap_model(boot, progress=cfg.progress)
+    return bootstrap_model(boot, progress=cfg.progress, on_checkpoint=on_checkpoint, checkpoint_every=checkpoint_every)
 
 
 def train_sft(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, t0: float) -> TrainResult:
