@@ -73,6 +73,11 @@ class BaseSection:
         decode: how local models generate, in the base's rollouts and in every evaluated local model:
             ``fast`` (:mod:`trace_train.tiny.fast_decode`, for Qwen3-architecture models), ``hf``
             (``model.generate``), ``auto`` (fast for the tiny presets' models on CPU, hf otherwise).
+        shipped: ``tiny``: one more folder to look for a warmed-up base of exactly this recipe in (a base folder
+            with its ``recipe.json``, as ``scripts/ship_base.py`` writes it, or a folder of them), beside the
+            bases shipped in the package; a relative path is read from the config file's folder. A base that
+            only one experiment uses lives with that experiment this way, not in the wheel. Where the base
+            comes from changes nothing else: it is left out of the stage's fingerprint.
     """
 
     kind: str = "tiny"
@@ -89,6 +94,7 @@ class BaseSection:
     threads: int = 1
     device: str = "cpu"
     decode: str = "auto"
+    shipped: str | None = None
 
     def validate(self) -> None:
         _choice("base.kind", self.kind, ("tiny", "hf", "openai", "scripted"))
@@ -526,7 +532,7 @@ class RunConfig:
 
 #: Keys of a section that do not change a stage's outputs, left out of its fingerprint (changing them re-runs
 #: nothing). ``rollout.workers`` stays in: a fingerprint change there was always a re-run.
-NOT_HASHED = {"rollout": ("engine",)}
+NOT_HASHED = {"rollout": ("engine",), "base": ("shipped",)}
 #: Keys added after runs were made, fingerprinted only when not at their default (so that a run made before them
 #: does not re-run).
 HASHED_WHEN_SET = {"generate": ("focus_share",), "compose": ("drop_unimproved",)}
@@ -698,9 +704,12 @@ def load_config(path: str | Path, settings: list[str] | tuple[str, ...] = (), **
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     try:
-        return config_from_dict(data, settings, **overrides)
+        cfg = config_from_dict(data, settings, **overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if cfg.base.shipped and not Path(cfg.base.shipped).is_absolute():  # beside the config, wherever it runs from
+        cfg.base.shipped = str((path.parent / cfg.base.shipped).resolve())
+    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:
