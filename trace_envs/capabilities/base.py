@@ -262,7 +262,7 @@ class CapabilityEnv(TauEnv):
             target would score it (the facts said after the records were read); otherwise the reward is 0.
             Why: an adapter trained only on the capability's requests forgets the target's others (the
             precondition adapter of the planted recipe answered 1 of 54 flight-status requests, the base 43;
-            docs/headline.md, "Lead-in questions").
+            docs/environments.md).
         lead_in_prob: the share of episodes with a lead-in question (0..1; default 0.5 when ``lead_in`` is
             given).
     """

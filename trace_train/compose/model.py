@@ -40,7 +40,7 @@ Segment routing (``routing="segment"``). The gates still score every token, but 
 ``<|im_start|>`` that opens it; before the first one, the sequence's first token): one decision per message
 and block, held to its end, decoding included. On the tiny CPU models a per-token router that sends 8-17% of a
 message's tokens to the other adapter lets the message drift into that adapter's words half-way (measured:
-docs/headline.md, "The rerun (seed 1)"); a message of one adapter cannot. The hold is state carried
+docs/compose.md); a message of one adapter cannot. The hold is state carried
 between the forwards of one ``generate``, as the context gates' sums are.
 """
 

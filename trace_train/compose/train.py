@@ -138,7 +138,7 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
 
     The joint loss reaches the gates a few episodes at a time: every step pushes the shared direction toward the
     adapter its episodes came from, and with a few dozen steps the gates swing instead of settling (measured on
-    the planted recipe: docs/headline.md, "The router did not learn its own data"). Here every labelled
+    the planted recipe: docs/compose.md). Here every labelled
     episode is routed to its own adapter (the routing the label loss asks for), each block's gate input is read
     once, and the gates are fitted on all of it at once (each episode weighing the same, whatever its length),
     ``cfg.prefit_steps`` AdamW steps at ``cfg.prefit_lr``. Each later round (``cfg.prefit_rounds``) reads the
