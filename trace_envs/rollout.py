@@ -1,4 +1,4 @@
-"""``rollout``: run one episode and return its trajectory record (DESIGN.md, "Trajectories")."""
+"""``rollout``: run one episode and return its trajectory record (docs/design.md, "Trajectories")."""
 
 from __future__ import annotations
 

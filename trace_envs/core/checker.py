@@ -2,7 +2,7 @@
 
 Contributors run it on a hand-written env, the test suite runs it over the
 whole registry, and the generator runs it before admitting a generated env.
-The checks are those of DESIGN.md ("Conformance"):
+The checks are those of docs/design.md ("The environment contract"):
 
 * gymnasium's ``check_env``;
 * seed determinism (same seed → same task, same opening, same oracle transcript);

@@ -1,4 +1,4 @@
-"""Where rollouts run: one seam with two backends (DESIGN.md, "Trajectories"; docs/ray.md).
+"""Where rollouts run: one seam with two backends (docs/design.md, "Trajectories"; docs/ray.md).
 
 A :class:`RolloutJob` is one agent's episodes into one trajectory file: env ids × seeds × samples, the agent
 as a picklable factory (it is built where the episodes run), and the settings of

@@ -1,6 +1,6 @@
 """The composed model: a frozen base, K frozen LoRA experts, and one small gate per transformer block.
 
-Stage four of TRACE (DESIGN.md "Composer", FACTS.md §1). Each block ``i`` gets a gate
+Stage four of TRACE (docs/design.md "Composer", docs/design.md, "The method's settings"). Each block ``i`` gets a gate
 ``Linear(hidden, K + 1)`` with bias that reads the block's input hidden state (RMS-normalised, without
 parameters, so its scale does not depend on depth or model); slot 0 is the base (no
 adapter), slot ``k`` the k-th capability adapter. Its per-token choice applies to every adapted

@@ -1,7 +1,7 @@
 """Router training (gates only) and routing statistics of a composed model.
 
 Stage four of TRACE trains only the gates, with the backbone and every adapter frozen, on successful
-trajectories (FACTS.md §1): a next-token loss on the assistant tokens, which reaches the gates through
+trajectories (docs/design.md, "The method's settings"): a next-token loss on the assistant tokens, which reaches the gates through
 ``p_top`` (the chosen slot's probability scales its expert); a Switch-style load-balancing loss over
 the K + 1 slots; and an optional label loss pushing each episode's tokens toward the adapter of the env
 that produced it. Without the label loss a fresh router (every token on the base slot, where the expert
@@ -29,7 +29,7 @@ from .model import ComposedModel
 
 @dataclass
 class RouterTrainConfig:
-    """Settings of gate training (defaults from FACTS.md §1).
+    """Settings of gate training (defaults from docs/design.md, "The method's settings").
 
     Attributes:
         epochs: passes over the successful trajectories.

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-#: The stages of a run, in order (DESIGN.md, "Run directory"); ``base`` prepares the base agent first.
+#: The stages of a run, in order (docs/design.md, "Run directory"); ``base`` prepares the base agent first.
 STAGES = ("base", "rollout", "diagnose", "generate", "train", "compose", "evaluate")
 
 #: The methods of the paper-style results table, in its order.
@@ -467,7 +467,7 @@ class RunConfig:
     """A whole ``trace run``: the run directory and one section per stage.
 
     Attributes:
-        out: the run directory (DESIGN.md, "Run directory").
+        out: the run directory (docs/design.md, "Run directory").
         name: a label for the report (default: the run directory's name).
         seed: the run's seed (sampling, bootstrap intervals).
         base, rollout, diagnose, generate, train, compose, evaluate: the stage sections.

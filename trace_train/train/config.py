@@ -10,7 +10,7 @@ It maps onto TRL rather than re-implementing it: the GRPO fields become ``trl.GR
 and ``trl_args`` passes any other ``GRPOConfig`` option straight through (checked against
 ``GRPOConfig``'s own fields).
 
-Defaults follow the TRACE paper's reference settings (FACTS.md §1): LoRA r=16, α=16 on q/k/v/o, KL β=0,
+Defaults follow the TRACE paper's reference settings (docs/design.md, "The method's settings"): LoRA r=16, α=16 on q/k/v/o, KL β=0,
 clip ε 0.2 low / 0.28 high, temperature 1.0, lr 1e-5. CPU runs with the tiny model want a larger
 learning rate and small groups; ``examples/train_grpo.py`` shows both.
 """
@@ -429,7 +429,7 @@ class TrainConfig:
         return device
 
     def device_preset(self, device: str) -> dict:
-        """The ``GRPOConfig`` arguments of a device preset (FACTS.md §5, §7).
+        """The ``GRPOConfig`` arguments of a device preset (docs/design.md, "Models").
 
         CPU: fp32, no gradient checkpointing, ``use_cpu``. CUDA: bf16, gradient checkpointing, and TRL's
         vLLM generation when ``use_vllm`` (colocate mode on one GPU, server mode across GPUs).
