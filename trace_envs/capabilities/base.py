@@ -88,7 +88,6 @@ The uniform request API (added to both domains' ``tasks`` modules; additive, ``g
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,34 +196,6 @@ def _families_of(name: str) -> tuple[str, ...]:
     """The request families of a domain's request sessions (``"airline"`` or ``"retail"``)."""
     tasks = domain_parts(name)[1]
     return tuple(getattr(tasks, "AirlineRequestSession" if name == "airline" else "RetailRequestSession").families)
-
-
-@functools.lru_cache(maxsize=None)
-def answer_families(domain: str | None = None, probes: int = 4) -> tuple[str, ...]:
-    """The request families a lead-in question can come from: asked and answered from the records without a write.
-
-    Probed, not listed: a family qualifies when the hand-written precondition verification env, told to open every
-    episode with it, builds ``probes`` episodes in a row (a family whose requests always need a write cannot).
-    ``domain``: ``"airline"``, ``"retail"`` or None (both). Cached per process: the answer depends only on the
-    domain code, and a run resolves ``lead_in: auto`` once per training job, selection and evaluation.
-    """
-    from .precondition_verification import PreconditionVerificationEnv
-
-    out = []
-    for name in (DOMAIN_NAMES if domain is None else (domain,)):
-        for family in _families_of(name):
-            if family in out:
-                continue
-            env = PreconditionVerificationEnv(domain=name, lead_in=[family], lead_in_prob=1.0)
-            try:
-                for seed in range(probes):
-                    env.reset(seed=seed)
-            except RuntimeError:  # "could not build ... opened by a <family> question"
-                continue
-            finally:
-                env.close()
-            out.append(family)
-    return tuple(out)
 
 
 def _lead_in_args(lead_in: Any, prob: Any) -> tuple[tuple[str, ...], float]:

@@ -73,7 +73,7 @@ def run_jobs(jobs: list[RolloutJob], engine: str = "local", workers: int = 1, ra
         jobs: the rollout jobs.
         engine: ``local`` or ``ray``.
         workers: ``local``: worker processes (1 = this process).
-        ray: ``ray``: a :class:`trace_train.pipeline.config.RaySection` (the cluster's address, actors, CPUs).
+        ray: ``ray``: a :class:`trace_train.backends.ray_config.RaySection` (the cluster's address, actors, CPUs).
     """
     if engine == "local":
         from .local import run_local
