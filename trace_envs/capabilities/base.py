@@ -226,7 +226,12 @@ class CapabilityEnv(TauEnv):
         db_seed: fixed DB for every episode (tasks still vary with the seed).
         user: ``"scripted"`` (default) or ``{"base_url": ..., "model": ...}`` for an LLM user.
         prompt: ``"full"`` or ``"compact"`` policy.
-        lead_in: target request families that may open an episode (default: none). With probability
+        scenarios, exclude_scenarios, tau2_data, task_id, reward_basis, tau2_compat: as for the targets
+            (:class:`trace_envs.domains.base.TauEnv`): which request families, τ²-bench's own data, the reward's
+            components.
+        lead_in: target request families that may open an episode (default: none). Added for the
+            planted-deficit experiment, kept as a capability: use it when adapters trained on these envs
+            forget the target's other requests. With probability
             ``lead_in_prob`` an episode opens with one question of a family drawn from ``lead_in`` (a
             request the target answers from the records without a write, e.g. a flight's status) before the
             capability's own request. The episode succeeds only if that question is answered too, as the
