@@ -1,10 +1,10 @@
 """Can a base copy an id into a tool call when the call itself is given? A teacher-forced probe.
 
-    python scripts/copy_probe.py MODEL runs/headline/rollouts/trajectories.jsonl \
+    python lab/headline-planted/scripts/copy_probe.py MODEL runs/headline/rollouts/trajectories.jsonl \
         --tool get_reservation_details --arg reservation_id --pattern 'reservation ([A-Z0-9]{6})'
-    python scripts/copy_probe.py MODEL TRAJ.jsonl --tool get_flight_status --arg flight_number \
+    python lab/headline-planted/scripts/copy_probe.py MODEL TRAJ.jsonl --tool get_flight_status --arg flight_number \
         --pattern 'flight (HAT[0-9]{3})'
-    python scripts/copy_probe.py MODEL TRAJ.jsonl --after get_reservation_details \
+    python lab/headline-planted/scripts/copy_probe.py MODEL TRAJ.jsonl --after get_reservation_details \
         --pattern 'reservation id is ([A-Z0-9]{6})' --message 'Reservation '    # across the record just read
 
 For each episode in which a user message before the cut matches ``--pattern`` (the first match's first group is

@@ -3,7 +3,7 @@
     trace rollout --env gen/precondition_verification_tau_airline-v0 --registry runs/X/workspace --agent oracle \
         --seeds 100:180 --env-kwarg 'size={"ask_details_prob": 1.0, "cancel_grounds": ["business"]}' \
         --out oracle.jsonl
-    python scripts/decision_probe.py MODEL oracle.jsonl --after get_reservation_details \
+    python lab/headline-planted/scripts/decision_probe.py MODEL oracle.jsonl --after get_reservation_details \
         --adapter runs/X/train/precondition_verification/run/sft_warmup/adapter
 
 Each episode is cut after the ``--after`` tool's first result (the point where the decision is taken: after

@@ -1,6 +1,6 @@
 """Which routing decides a MoE's flight-status answer? A teacher-forced, causal probe.
 
-    python scripts/moe_decision_probe.py runs/headline-s1/compose/moe \
+    python lab/headline-planted/scripts/moe_decision_probe.py runs/headline-s1/compose/moe \
         runs/headline-s1/eval/trace_moe/trajectories.jsonl
 
 The airline target's answer states a status in a phrase that opens with its verb ("has landed", "was cancelled",

@@ -1,6 +1,6 @@
 """Is the planted cancellation decision learnable when the agent reads the cabin back right before deciding?
 
-An experiment of docs/headline.md ("The decision is not read"), kept so that it can be repeated:
+An experiment of lab/headline-planted/history.md ("The decision is not read"), kept so that it can be repeated:
 
     python lab/headline-planted/scripts/readback_sft.py --registry RUN/workspace --model BASE --out rb
     python lab/headline-planted/scripts/readback_sft.py --registry RUN/workspace --model BASE --out ctl --no-read-back
@@ -19,7 +19,7 @@ cabin right).
 It judges the read-back sentence alone (up to "a cancellation."), not the message after it, and its messages are
 the first form of the read-back. In the recipe that form failed after the sentence (the allowed message went on
 as a refusal); the airline target's ``size.read_back`` now writes messages that differ at every token from the
-decision word on. The experiment that judges whole episodes is two commands (docs/headline.md, "The read-back in
+decision word on. The experiment that judges whole episodes is two commands (lab/headline-planted/history.md, "The read-back in
 the recipe"): ``trace train --sft`` on the run's precondition env, then ``trace rollout --adapter`` on its
 validation seeds.
 """

@@ -1,6 +1,6 @@
 """Can a linear gate on the composer's context features tell the target's families apart?
 
-An experiment of docs/headline.md ("The router did not learn its own data"), kept so that it can be repeated:
+An experiment of lab/headline-planted/history.md ("The router did not learn its own data"), kept so that it can be repeated:
 
     python lab/headline-planted/scripts/router_probe.py RUN            # a planted run with a compose stage
     python lab/headline-planted/scripts/router_probe.py RUN --steps 80 --batch 2   # the composer's schedule
@@ -14,7 +14,7 @@ label loss alone, from the end of the first user message on, then tested on the 
 ``--batch 0`` (the default) fits on every router episode at once; ``--batch 2`` takes 2 episodes a step, as the
 composer's joint training does. It prints, per block, the share of each family's assistant tokens per slot.
 
-Measured on the read-back run (docs/headline.md): full-batch, 300 steps, 86-90% right on both families;
+Measured on the read-back run (lab/headline-planted/history.md): full-batch, 300 steps, 86-90% right on both families;
 80 steps of 2 episodes, block 0 splits the flight-status tokens 51/49 between the two adapters.
 """
 

@@ -1,8 +1,8 @@
 """Does an agent read the flight's status, or answer a constant? And where did a MoE route the deciding token?
 
-    python scripts/status_answers.py runs/headline/eval/base/trajectories.jsonl \
+    python lab/headline-planted/scripts/status_answers.py runs/headline/eval/base/trajectories.jsonl \
         runs/headline/eval/adapter_structured_data_reasoning/trajectories.jsonl
-    python scripts/status_answers.py runs/headline/eval/trace_moe/trajectories.jsonl \
+    python lab/headline-planted/scripts/status_answers.py runs/headline/eval/trace_moe/trajectories.jsonl \
         --routing runs/headline/compose/moe
 
 For each file, the airline target's ``flight_status`` episodes whose ``get_flight_status`` call returned a status
