@@ -10,7 +10,7 @@ import pytest
 
 import trace_envs  # noqa: F401 - registers the ids
 from trace_envs.core.registry import registered
-from trace_train.commands.envs import inherited_arguments
+from trace_envs.core.introspect import inherited_arguments
 
 ENTRIES = [e for e in registered() if e.origin == "hand-written" or not e.generated]
 

@@ -141,7 +141,7 @@ def test_an_experiment_base_is_found_only_through_its_config(tmp_path, monkeypat
     root = Path(__file__).resolve().parent.parent
     assert [b.name for b in shipped_bases()] == ["embedded-default"]
     cfg = load_config(root / "lab/headline-planted/config.yaml")
-    assert Path(cfg.base.shipped) == root / "lab/headline-planted/base"
+    assert Path(cfg.base.shipped) == root / "lab/headline-planted/bases"
     name = tiny_base_cache_dir(tiny_bootstrap_config(cfg.base, cfg.rollout.targets[0])).name
     assert find_shipped_base(name) is None and find_shipped_base(name, [BASES, Path(cfg.base.shipped)])
     with_folder = cfg.section_hash("base")

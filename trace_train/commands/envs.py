@@ -122,6 +122,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     doc = inspect.cleandoc(cls.__doc__ or "")
     print()
     print(doc if doc else f"({cls.__name__} has no docstring)")
+    from trace_envs.core.introspect import inherited_arguments
+
     for base, section in inherited_arguments(cls):
         print()
         print(f"Arguments shared with {base} (inherited):")
@@ -328,23 +330,3 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"report: {path}")
     return 1 if args.check and not report.in_band else 0
-
-
-def inherited_arguments(cls: type) -> list[tuple[str, str]]:
-    """The ``Args:`` sections of the classes ``cls`` inherits its constructor arguments from (nearest first), so
-    that ``trace envs show`` documents every argument an env takes, not only those its own docstring names."""
-    out = []
-    for base in cls.__mro__[1:]:
-        if "__init__" not in vars(base) or not base.__doc__ or base.__module__.startswith("gymnasium"):
-            continue
-        lines = inspect.cleandoc(base.__doc__).splitlines()
-        if "Args:" not in lines:
-            continue
-        section = []
-        for line in lines[lines.index("Args:") + 1:]:
-            if line and not line.startswith(" "):
-                break
-            section.append(line)
-        if any(line.strip() for line in section):
-            out.append((base.__name__, "\n".join(section).rstrip()))
-    return out

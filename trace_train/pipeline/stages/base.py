@@ -173,8 +173,9 @@ def estimate_base(ctx) -> tuple[float | None, str]:
         return None, str(exc)
     shipped = find_shipped_base(tiny_base_cache_dir(bcfg).name, roots)
     if shipped is not None:
-        where = "with the project" if shipped.path.parent in roots[:1] else f"in {shipped.path}"
-        return 2.0, f"tiny base shipped {where} ({shipped.name}): no warm-up"
+        if shipped.path.parent in roots[:1]:
+            return 2.0, f"tiny base shipped with the project ({shipped.name}): no warm-up"
+        return 2.0, f"tiny base shipped in {shipped.path} (base.shipped): no warm-up"
     per_step = warmup_seconds_per_step(bcfg.threads, roots)
     train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * per_step
     budget = f"{train / 60:.0f} min budget" if bcfg.max_seconds else f"{bcfg.steps} steps"
