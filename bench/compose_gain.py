@@ -7,7 +7,7 @@ Phases, each cached in ``--work`` (a rerun skips what is done):
 
 1. **Base.** ``--base``, or the tiny preset bootstrapped on the airline target with a low share
    (``--mix-share``) of each capability env's oracle episodes (difficulty 1), as in ``bench/grpo_gain.py``,
-   so that it is sometimes right on the capability envs (FACTS.md §8).
+   so that it is sometimes right on the capability envs (docs/design.md, "Models").
 2. **Adapters.** One GRPO LoRA per env of ``--envs`` with ``trace train`` (``--train-minutes`` each).
 3. **Router data.** Each adapter rolled out on its own env at temperature 1.0 (held-out seeds from
    20000); its successful episodes, topped up with ``--oracle-episodes`` oracle episodes per env when the

@@ -103,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["tiny", "100m"], help="model configs (default: tiny 100m)")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8], help="adapter counts (default: 2 4 8)")
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: 16, FACTS.md §1)")
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: 16, the paper's; docs/design.md)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per forward (default: 4)")
     parser.add_argument("--length", type=int, default=256, help="prefill tokens per sequence (default: 256)")
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens before generating (default: 64)")

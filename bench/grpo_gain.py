@@ -8,7 +8,7 @@ Four phases, each cached in ``--work`` (a rerun skips what is done):
    ``size={"bundle_prob": 0}``), with a warm-up mixture: ``--mix-share`` (default 5%) of the target's episode
    count taken from each τ² capability env's own oracle episodes at difficulty 1 (seeds from 100000, so
    every seed used below is held out). That makes a base that is *sometimes* right on the capability
-   envs; one bootstrapped on the target alone scores ~0 there (FACTS.md §8) and GRPO learns nothing from
+   envs; one bootstrapped on the target alone scores ~0 there (docs/design.md, "Models") and GRPO learns nothing from
    groups that are all 0.
 2. **Calibration table** of that base on every τ² capability env at difficulties 1-3: ``--groups`` groups
    of ``--group-size`` rollouts at temperature 1.0 (seeds 5000+): mean reward, informative share (groups

@@ -5,7 +5,7 @@ Every sample is a fresh interpreter (``python -c``), so nothing is cached in
 statement alone (interpreter start-up is reported separately). The anchor is
 ``import gymnasium``, which ``trace_envs`` cannot avoid; the ratio shows what
 the suite adds on top. The child also reports whether torch, transformers or
-docker ended up in ``sys.modules`` (they must not: DESIGN.md, "Layout").
+docker ended up in ``sys.modules`` (they must not: docs/design.md, "Layout").
 
     python bench/import_time.py            # 15 samples each
     python bench/import_time.py -n 30 --registry examples --profile

@@ -1,7 +1,7 @@
 """Speed of the SWE sandbox: reset latency, ``run_tests`` overhead, parallel episode throughput.
 
 Figures (medians), each printed with its goal and as a ratio to the anchor measured in the same run —
-a bare ``docker run --rm IMAGE python3 -c 'print(1)'`` (FACTS.md §4: 350–480 ms on these machines):
+a bare ``docker run --rm IMAGE python3 -c 'print(1)'`` (docs/design.md, "Sandboxing": 350–480 ms on these machines):
 
 * reset, cold: ``env.reset`` plus starting a new container and loading the bugged repository into it;
 * reset, warm: ``env.reset`` with ``pool_size=1`` (a container from the ``ContainerPool``) — goal ≤ 300 ms;
@@ -179,7 +179,7 @@ def main() -> None:
         print(f"{name:<46}{shown:>14}   {value / anchor:6.2f}× anchor   {goal_s}{verdict}")
 
     print(f"\nrepo {args.repo}: {ntests:.0f} tests per run; anchor `docker run --rm IMAGE python3 -c 'print(1)'` "
-          f"= {anchor * 1000:.0f} ms (FACTS.md §4: 350-480 ms)\n")
+          f"= {anchor * 1000:.0f} ms (docs/design.md, Sandboxing: 350-480 ms)\n")
     row("reset, cold (new container + repository)", cold, None)
     row("reset, warm (ContainerPool)", warm, 0.300)
     row("run_tests wall time (full suite)", wall, None)

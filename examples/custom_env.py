@@ -23,6 +23,9 @@ To contribute an environment like this one you need:
        TRACE_REGISTRY=examples python -c "import trace_envs; print(trace_envs.check_trace_env('examples/warehouse_stock-v0').summary())"
 
    or ``trace envs check examples/warehouse_stock-v0 --registry examples``.
+
+Run this file (``python examples/custom_env.py``) to do both: it registers ``examples/registry.yaml``, runs the
+conformance checks on 5 seeds and plays one episode with the oracle.
 """
 
 from __future__ import annotations
@@ -139,3 +142,17 @@ class WarehouseStockEnv(TraceEnv):
         plan.append(hermes_tool_call("submit_total", {"total": truth}))
         turns = iter(plan)
         return lambda observation, info: next(turns)
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    import trace_envs
+    from trace_envs.core.registry import load_registry
+
+    load_registry(Path(__file__).resolve().with_name("registry.yaml"))
+    report = trace_envs.check_trace_env("examples/warehouse_stock-v0", n_seeds=5)
+    print(report.summary())
+    record = trace_envs.rollout("examples/warehouse_stock-v0", trace_envs.OracleAgent(), seed=0)
+    print(f"oracle, seed 0: reward {record['reward']}, {record['steps']} steps")
+    raise SystemExit(0 if report.ok else 1)

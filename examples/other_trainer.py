@@ -19,7 +19,7 @@ right sum, and the mean reward climbs from near 0 towards 1 within seconds.
 
 Launch::
 
-    TRACE_REGISTRY=examples python examples/other_trainer.py --env examples/warehouse_stock-v0
+    python examples/other_trainer.py                  # the worked example env (examples/registry.yaml), seconds
     python examples/other_trainer.py --env trace/tau_airline-v0 --iterations 20
 
 On the τ² targets this naive policy stays near 0 (they need conversations and multi-argument
@@ -29,6 +29,7 @@ writes); the run shows the API works end to end there too.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import sys
 import time
@@ -164,6 +165,15 @@ def train(env_id: str, iterations: int, episodes: int, lr: float, seed: int, see
     return curve
 
 
+def register_examples(env_id: str) -> None:
+    """Register ``examples/registry.yaml`` (this folder's workspace) when ``env_id`` is one of its ids, so that the
+    example runs from any folder without ``TRACE_REGISTRY=examples``."""
+    from trace_envs.core.registry import load_registry, registered
+
+    if env_id.startswith("examples/") and env_id not in {e.id for e in registered()}:
+        load_registry(Path(__file__).resolve().with_name("registry.yaml"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="examples/warehouse_stock-v0", help="a registered env id")
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1000, help="task seeds are drawn from range(seeds)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the learner's own randomness")
     args = parser.parse_args(argv)
+    register_examples(args.env)
     t0 = time.perf_counter()
     curve = train(args.env, args.iterations, args.episodes, args.lr, args.seed, args.seeds)
     k = max(1, len(curve) // 5)

@@ -9,7 +9,7 @@ from groups that are all 0)::
         --mix trace/precondition_verification-v1=0.05 --mix-env-kwarg difficulty=1 --minutes 10
     python examples/train_grpo.py --model <the folder it printed> --env trace/precondition_verification-v1
 
-The same from the shell: ``trace train --env trace/precondition_verification-v1 --model M --out DIR
+With no arguments it prints this text. The same from the shell: ``trace train --env trace/precondition_verification-v1 --model M --out DIR
 --difficulty 1 --steps 20 --lr 1e-3 --group-size 4 --groups-per-step 2``.
 
 GPU, a Qwen3 model (bf16; generation through HF ``generate`` in TRACE's rollout loop)::
@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="base model folder or hub id")
+    ap.add_argument("--model", help="base model folder or hub id (without it: how to run this example)")
     ap.add_argument("--env", action="append", default=None, help="capability env id (repeatable)")
     ap.add_argument("--out", default="runs/train_grpo")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -53,6 +53,9 @@ def main() -> int:
     ap.add_argument("--vllm", action="store_true", help="TRL's vLLM generation (GPU; TRL's tool loop)")
     ap.add_argument("--vllm-mode", default="colocate", choices=["colocate", "server"])
     args = ap.parse_args()
+    if not args.model:  # a GRPO run needs a base that is sometimes right on the env: say how to make one
+        print(__doc__)
+        return 0
 
     from trace_train.train.grpo import TrainConfig, train
 

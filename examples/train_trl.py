@@ -8,7 +8,7 @@ because TRL repeats each dataset row ``num_generations`` times.
 Launch on CPU with the tiny offline model (built on first use, no hub access; a random model makes
 few valid tool calls, so this checks the pipeline rather than learning much)::
 
-    TRACE_REGISTRY=examples python examples/train_trl.py --env examples/warehouse_stock-v0 --max-steps 4
+    python examples/train_trl.py          # the worked example env (examples/registry.yaml), 4 steps, a nano model
 
 On a GPU with a real model::
 
@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -64,6 +65,15 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return Args(**vars(ns))
 
 
+def register_examples(env_id: str) -> None:
+    """Register ``examples/registry.yaml`` (this folder's workspace) when ``env_id`` is one of its ids, so that the
+    example runs from any folder without ``TRACE_REGISTRY=examples``."""
+    from trace_envs.core.registry import load_registry, registered
+
+    if env_id.startswith("examples/") and env_id not in {e.id for e in registered()}:
+        load_registry(Path(__file__).resolve().with_name("registry.yaml"))
+
+
 def tiny_model(env_id: str) -> str:
     """The tiny offline Qwen3 model (random init, TRL's Qwen3 chat template), built once and cached."""
     from trace_train.tiny.build import build_model
@@ -73,6 +83,7 @@ def tiny_model(env_id: str) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    register_examples(args.env)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from peft import LoraConfig

@@ -608,7 +608,7 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
                   f"({cfg.calibration_groups}x{cfg.calibration_group_size}, {name})")
         out = [f"{n} {value:.2f} outside [{lo}, {hi}]" for n, value, lo, hi, ok in summary.checks() if not ok]
         if out:
-            raise CheckFailed("calibration outside the band (FACTS.md §1): " + "; ".join(out) + " — the env is too "
+            raise CheckFailed("calibration outside the band (docs/design.md): " + "; ".join(out) + " — the env is too "
                               "easy or too hard for an agent lacking the capability", figure=figure)
         return figure
 

@@ -35,7 +35,7 @@ FOCUS_SHARE = 0.75
 VARIANTS = ((FOCUS_SHARE, True), (0.4, True), (0.0, False))
 #: A family the evidence names in fewer than this share of its failures is not a focus family: a few stray labels
 #: (a garbled id labelled a reading error) would otherwise draw part of the env away from the capability's
-#: main failure, and a small model learns an env that mixes families slower (docs/headline.md).
+#: main failure, and a small model learns an env that mixes families slower (docs/generate.md).
 FOCUS_MIN_SHARE = 0.1
 
 #: capability -> (template, base module, base class)
@@ -143,7 +143,7 @@ def render(spec: dict, *, env_id: str, run_id: str, spec_name: str = "spec", var
     ``variant`` indexes :data:`VARIANTS` (0: the evidence's focus and difficulty; later: more conservative).
     ``focus_share`` replaces variant 0's share (:data:`FOCUS_SHARE`): 1.0 draws every episode from the
     evidence's families, an env that isolates the capability the way a small model can learn it from (the
-    family's other requests, new to the base, otherwise carry most of an SFT loss; docs/headline.md).
+    family's other requests, new to the base, otherwise carry most of an SFT loss; docs/generate.md).
     """
     import importlib
 

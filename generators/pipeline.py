@@ -1,6 +1,6 @@
 """``generate``: capability specs in, admitted env modules in a workspace registry out.
 
-The second stage of TRACE (DESIGN.md): for each spec that ``trace diagnose`` wrote
+The second stage of TRACE (docs/design.md): for each spec that ``trace diagnose`` wrote
 (``specs/<capability>.json``), write an env module — with the offline generator (templates of the
 built-in families, the default) or the LLM generator agent (``llm_url`` + ``model``) — admit it
 (:func:`generators.admit.admit`) and install it into the workspace (:class:`Workspace`). Every

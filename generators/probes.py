@@ -3,7 +3,7 @@
 Each probe is a cheap scripted agent that must *not* earn reward from an env that teaches its
 capability: it says nothing, acts at random, calls every write tool with arguments guessed from
 the conversation, refuses everything, or parrots the user. An env whose reward any of them
-collects above a bound verifies the wrong thing (FACTS.md §6: hackable verifiers are common).
+collects above a bound verifies the wrong thing (docs/design.md, "The method's settings": hackable verifiers are common).
 
 :class:`MixtureAgent` is the calibration agent: per episode it plays the oracle or the planted-
 deficit agent that lacks the env's capability, so a GRPO group of it has the spread a base model
@@ -345,7 +345,7 @@ class MixtureAgent:
     Per episode it plays the planted-deficit agent lacking ``capability`` (probability
     ``deficit``), the random agent (``random``: a base model's garbage turns) or the oracle (the
     rest). The weights are fixed, not tuned per env: with GRPO's default group size of 8, every
-    built-in capability env at its default difficulty sits inside the FACTS.md §1 band for them,
+    built-in capability env at its default difficulty sits inside the docs/design.md, "The method's settings" band for them,
     and an env in which the deficit agent does as well as the oracle (too easy for the capability)
     or the oracle's share never shows (too hard) leaves it. The draw is a pure function of
     (``seed``, the env seed), so a group's members differ and a rerun is identical.

@@ -1,4 +1,4 @@
-"""The workspace a generator writes admitted envs into (DESIGN.md, "Generated environments").
+"""The workspace a generator writes admitted envs into (docs/generate.md).
 
 Layout::
 

@@ -3,6 +3,10 @@
     python scripts/ship_base.py                       # warm up the embedded default's recipe, measure, ship
     python scripts/ship_base.py --model DIR           # ship a base already warmed up with that recipe
     python scripts/ship_base.py --config CONFIG --name NAME [--model DIR]   # another run config's base
+    python scripts/ship_base.py --config lab/X/config.yaml --dest lab/X/base  # an experiment's base, beside it
+
+A base only one experiment uses goes beside that experiment's config (``--dest``), which names it with
+``base.shipped``; only the embedded default's base ships in the package.
 
 1. Warms up (or takes ``--model``) the base that the run config's ``base.bootstrap`` recipe gives (default: the
    embedded default's).
@@ -53,9 +57,11 @@ def main() -> int:
                                      "default's); its rollout stage measures what the base solves")
     ap.add_argument("--name", help="folder name under trace_train/tiny/bases/ (default: embedded-default; "
                                    "required with --config)")
+    ap.add_argument("--dest", help="the folder to write the base to (default: trace_train/tiny/bases/NAME); an "
+                                   "experiment's base goes beside its config, e.g. lab/X/base")
     args = ap.parse_args()
-    if args.config and not args.name:
-        ap.error("--config needs --name: the embedded default's base keeps its folder")
+    if args.config and not (args.name or args.dest):
+        ap.error("--config needs --name or --dest: the embedded default's base keeps its folder")
     args.name = args.name or "embedded-default"
 
     from trace_train.tiny.bootstrap import bootstrap_model
@@ -81,7 +87,7 @@ def main() -> int:
     if meta.get("steps") != bcfg.steps:
         raise SystemExit(f"{model} ran {meta.get('steps')} warm-up steps, the recipe {bcfg.steps}: not this recipe")
 
-    dest = ROOT / "trace_train" / "tiny" / "bases" / args.name
+    dest = Path(args.dest).resolve() if args.dest else ROOT / "trace_train" / "tiny" / "bases" / args.name
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     for name in COPIED:

@@ -98,9 +98,10 @@ def example_id() -> str:
 # ----------------------------------------------------------------------------- capability env helpers
 
 
-def load_script(name: str):
-    """``scripts/<name>.py`` imported as a module (the scripts are not a package), for tests of its functions."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+def load_script(name: str, folder: str = "scripts"):
+    """``<folder>/<name>.py`` imported as a module (the scripts are not a package), for tests of its functions;
+    ``folder`` is relative to the repository root (an experiment's scripts: ``lab/<experiment>/scripts``)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -98,7 +98,7 @@ def test_same_inputs_and_seeds_give_identical_capabilities_json(episodes, tmp_pa
     assert a.capabilities_json.read_bytes() == b.capabilities_json.read_bytes()
     assert [p.read_bytes() for p in a.specs] == [p.read_bytes() for p in b.specs]
     data = json.loads(a.capabilities_json.read_text())
-    # DESIGN.md, "Analysis output"
+    # docs/design.md, "The method's settings"
     assert {d["name"] for d in data["dictionary"]} == set(CAPABILITIES)
     for cap in data["capabilities"]:
         for key in ("name", "definition", "labels", "ER_minus", "ER_plus", "delta", "coverage", "runs_passed",

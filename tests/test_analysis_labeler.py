@@ -129,7 +129,7 @@ def test_every_capability_is_still_found_alone():
 
 
 def test_a_flight_status_other_than_the_one_the_tool_returned_is_a_reading_error():
-    """The failure the demo's base makes most: it reads a status and answers another (DESIGN.md, diagnosis)."""
+    """The failure the demo's base makes most: it reads a status and answers another (docs/design.md, diagnosis)."""
     runs = _episodes(AIRLINE, MisreadingAgent(), range(60), scenarios=["flight_status"], size={"bundle_prob": 0.0})
     assert all(not r["success"] for r, _ in runs)
     for r, labels in runs:

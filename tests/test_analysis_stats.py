@@ -1,4 +1,4 @@
-"""The contrastive statistics against hand-computed tables (FACTS.md §1), edge cases included."""
+"""The contrastive statistics against hand-computed tables (docs/design.md, "The method's settings"), edge cases included."""
 
 from __future__ import annotations
 

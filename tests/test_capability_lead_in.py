@@ -172,7 +172,7 @@ def test_a_generated_env_never_leads_in_with_its_own_focus(tmp_path):
 def test_answer_families_are_those_asked_without_a_write():
     """The families a lead-in can come from are probed: the airline's status and information questions, never a
     cancellation (always a write); an env told lead_in='auto' points at `trace run`, which resolves it."""
-    from trace_envs.capabilities.base import answer_families
+    from trace_envs.capabilities.lead_in import answer_families
 
     airline = answer_families("airline")
     assert set(airline) == {"flight_status", "info"}

@@ -216,7 +216,7 @@ def test_breakdown_and_task_labels(env):
 
 class GarbledId:
     """The oracle, except that the reservation id in its write has one character changed (what the planted base
-    of docs/headline.md does after reading the reservation right)."""
+    of lab/headline-planted/history.md does after reading the reservation right)."""
 
     name = "garbled_id"
 

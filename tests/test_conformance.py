@@ -1,4 +1,4 @@
-"""Conformance of every registered environment (DESIGN.md, "Conformance").
+"""Conformance of every registered environment (docs/design.md, "The environment contract").
 
 One test, parametrized over the registry (built-in and workspace ids, read at
 collection time): gymnasium's ``check_env``, seed determinism, different seeds

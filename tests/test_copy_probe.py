@@ -1,4 +1,4 @@
-"""scripts/copy_probe.py: the forced prompt is the conversation cut after the named tool's result, then the
+"""lab/headline-planted/scripts/copy_probe.py: the forced prompt is the conversation cut after the named tool's result, then the
 assistant's call up to the argument's opening quote; only episodes that name an id and reach that point count."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ KWARGS = {"scenarios": ["cancel", "flight_status"], "prompt": "compact"}
 
 @pytest.fixture(scope="module")
 def probe():
-    return load_script("copy_probe")
+    return load_script("copy_probe", "lab/headline-planted/scripts")
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +92,10 @@ def test_a_message_prefix_probes_the_id_named_when_asked_across_the_record_read(
         probe.main([model, str(path), "--pattern", pattern])  # neither a call nor a message to start
 
 
-# ---------------------------------------------------------------- scripts/decision_probe.py (same episodes)
+# ---------------------------------------------------------------- lab/headline-planted/scripts/decision_probe.py (same episodes)
 @pytest.fixture(scope="module")
 def decision_probe():
-    return load_script("decision_probe")
+    return load_script("decision_probe", "lab/headline-planted/scripts")
 
 
 def test_the_decision_prompt_is_the_history_up_to_the_named_tools_result(decision_probe, episodes):

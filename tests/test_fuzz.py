@@ -5,7 +5,7 @@ are left out of the parametrization, by that field) with whole episodes of hosti
 and control characters; tool calls in every action shape (Hermes blocks, bare and fenced JSON,
 OpenAI assistant dicts, plain text) that are random, malformed or half right; wrong-typed, deeply
 nested, non-finite and huge arguments; many calls in one turn; turns after the episode ended. Every
-step must hold the environment contract (DESIGN.md): no exception, no ``env_error``, a reward in
+step must hold the environment contract (docs/design.md): no exception, no ``env_error``, a reward in
 [0, 1], an observation inside the observation space, ``info["messages"]`` JSON- and UTF-8-
 serialisable, and a step time under :data:`STEP_TIME_LIMIT_S` (a bound that says "never hangs", not
 a speed target: CPU seconds of this process, so that a loaded, shared machine does not fail it, plus a

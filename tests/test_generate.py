@@ -331,7 +331,7 @@ def test_the_level_and_focus_follow_where_most_of_the_evidence_lies():
     """A capability whose failures are mostly flight-status answers (26 of 34), with a few stray cancellations,
     gets the level that asks for a status (2, not the default 3 where only the 2 cancellations are drawn) and a
     focus on flight_status alone: a family under a tenth of the failures is not a focus. Measured on the planted
-    run of docs/headline.md, where the rule before focused the env on those 2 cancellations."""
+    run of lab/headline-planted/history.md, where the rule before focused the env on those 2 cancellations."""
     from generators.offline import FOCUS_MIN_SHARE, render
 
     spec = {"name": "structured_data_reasoning", "target_env": "trace/tau_airline-v0",
@@ -353,7 +353,7 @@ def test_tool_calling_precision_follows_the_evidence_into_the_targets_conversati
     """The evidence's precision failures happened inside the target's conversation (an id read right, then
     garbled in the write), so the variants that follow the evidence render ``flow="target"``; the family as it
     is (the last, conservative variant) keeps its stated requests. Measured on the planted run of
-    docs/headline.md: stated in full, the env's requests needed no read, and its adapter scored 0 on the target."""
+    lab/headline-planted/history.md: stated in full, the env's requests needed no read, and its adapter scored 0 on the target."""
     from generators.offline import VARIANTS, render
 
     spec = {"name": "tool_calling_precision", "target_env": "trace/tau_airline-v0",

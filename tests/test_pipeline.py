@@ -268,17 +268,19 @@ def test_the_embedded_default_is_valid_and_cpu_only():
 def test_the_shipped_example_configs_load():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).parent.parent / "examples" / "configs").glob("*.yaml"))
-    assert {p.name for p in configs} >= {"cpu_default.yaml", "cpu_headline.yaml", "gpu_qwen3.yaml",
-                                         "openai_endpoint.yaml", "swe.yaml"}
-    for path in configs:
+    root = Path(__file__).parent.parent
+    configs = sorted((root / "examples" / "configs").glob("*.yaml"))
+    assert {p.name for p in configs} >= {"cpu_default.yaml", "gpu_qwen3.yaml", "openai_endpoint.yaml", "swe.yaml"}
+    experiments = sorted(root.glob("lab/*/config.yaml"))  # the experiments' recipes load too
+    assert {p.parent.name for p in experiments} >= {"headline", "headline-planted", "headline-ask"}
+    for path in configs + experiments:
         cfg = load_config(path)
         assert cfg.rollout.targets
     # The CPU example is the embedded default, written out.
     cpu = load_config(configs[[p.name for p in configs].index("cpu_default.yaml")]).to_dict()
     assert cpu == embedded_default().to_dict()
     # The headline recipe starts from the shipped base (installed, not warmed up) and holds its seeds out.
-    headline = load_config(configs[[p.name for p in configs].index("cpu_headline.yaml")])
+    headline = load_config(root / "lab" / "headline" / "config.yaml")
     assert headline.to_dict()["base"] == embedded_default().to_dict()["base"]
     assert len(range(*map(int, headline.evaluate.seeds.split(":")))) >= 200
 

@@ -1,4 +1,4 @@
-"""``trace_envs.rollout``: the trajectory record of DESIGN.md ("Trajectories")."""
+"""``trace_envs.rollout``: the trajectory record of docs/design.md ("Trajectories")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Generated envs run out of process, sandboxed, at every use (DESIGN.md, "Sandboxing").
+"""Generated envs run out of process, sandboxed, at every use (docs/design.md, "Sandboxing").
 
 * ``gym.make`` of a generated id returns the proxy (:class:`trace_envs.core.sandboxed.SandboxedEnv`);
   its trajectories are the in-process env's, step for step, and the conformance suite passes on it;

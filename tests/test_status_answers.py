@@ -1,4 +1,4 @@
-"""scripts/status_answers.py: the reading check counts, for the flight-status episodes whose status call returned a
+"""lab/headline-planted/scripts/status_answers.py: the reading check counts, for the flight-status episodes whose status call returned a
 status of today, how many answers state that status; a constant answer shows as right only where it is the truth.
 (The routing half teacher-forces a composed model: the composer's routing statistics are tested with it.)"""
 
@@ -10,7 +10,7 @@ from conftest import load_script
 
 @pytest.fixture(scope="module")
 def status():
-    return load_script("status_answers")
+    return load_script("status_answers", "lab/headline-planted/scripts")
 
 
 def _episode(returned: str | None, answer: str, scenario: str = "flight_status") -> dict:

@@ -3,7 +3,7 @@
 GRPO learns only from groups whose rewards differ: every rollout of a group starts from the
 same seed (the same task), and a group whose K rewards are all equal carries no signal. To set
 an environment's default difficulty one runs G groups of K rollouts of a reference or base
-agent and looks at (FACTS.md §1, the authors' calibration criteria):
+agent and looks at (docs/design.md, "The method's settings", the authors' calibration criteria):
 
 * the mean reward and the success rate — useful between 0.2 and 0.6 for the base model;
 * the share of **all-0** groups (every reward 0; at most 20 %), of **all-1** groups (every
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from math import comb
 from typing import Any, Callable, Iterable, Sequence
 
-#: (criterion, lower bound, upper bound) — FACTS.md §1, for the base model.
+#: (criterion, lower bound, upper bound) — docs/design.md, "The method's settings", for the base model.
 CRITERIA = (
     ("mean_reward", 0.2, 0.6),
     ("success_rate", 0.2, 0.6),
@@ -160,7 +160,7 @@ class CalibrationReport:
         for name, value, target in rows:
             mark = "" if name not in marks else ("  ok" if marks[name] else "  OUT")
             lines.append(f"{name.ljust(width)}  {value.ljust(vwidth)}  {target.ljust(7)}{mark}".rstrip())
-        lines.append(f"calibration band (FACTS §1, for a base model): {'inside' if self.in_band else 'outside'}")
+        lines.append(f"calibration band (docs/design.md, for a base model): {'inside' if self.in_band else 'outside'}")
         return "\n".join(lines)
 
 

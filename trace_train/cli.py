@@ -1,6 +1,6 @@
 """``trace``: the command line of TRACE.
 
-Every stage of the pipeline (DESIGN.md) is a verb, contributed by one module of
+Every stage of the pipeline (docs/design.md) is a verb, contributed by one module of
 :mod:`trace_train.commands`; this file only assembles them::
 
     trace envs list                     # the registered environments

@@ -3,7 +3,7 @@
 The unit is the *task*: one ``(env_id, seed)``. Its K trajectories (``sample`` 0..K-1) are its trials.
 
 * pass@1 is the mean over tasks of the fraction of successful trials (τ²-bench's pass^1).
-* pass^k (τ²-bench, FACTS.md §2) is, per task with n trials and c successes, C(c, k) / C(n, k) — the
+* pass^k (τ²-bench, docs/design.md, "Target environments") is, per task with n trials and c successes, C(c, k) / C(n, k) — the
   chance that k trials drawn without replacement all succeed — averaged over the tasks with n ≥ k.
 * Confidence intervals are percentile bootstraps over tasks (tasks resampled with replacement).
 * :func:`compare` pairs a base and a candidate on the tasks both ran, and bootstraps the difference

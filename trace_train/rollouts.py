@@ -4,7 +4,7 @@
 for the next turn of every open episode in one call — ``agent.act_batch(observations, infos)`` when the
 agent has it (:class:`~trace_train.agents.HFAgent` batches generation, :class:`~trace_train.agents.OpenAIChatAgent`
 sends concurrent requests) — and steps the envs. A finished episode is appended to the JSONL file at
-once, as one line in one ``write`` (DESIGN.md, "Trajectories"), so a killed run loses at most the
+once, as one line in one ``write`` (docs/design.md, "Trajectories"), so a killed run loses at most the
 episodes in flight. Running the same command again reads the file, skips every
 ``(env_id, seed, sample)`` already there (a torn last line from a kill is cut off first) and runs the
 rest: each episode ends up in the file exactly once.

@@ -89,7 +89,7 @@ from pydantic_core import PydanticCustomError
 import gymnasium as gym
 
 import trace_envs  # noqa: F401 - registers the env ids with gymnasium
-from trace_envs.adapters.trl import USER_TOOL, _unwrap_tool_response
+from trace_envs.core.conversation import USER_TOOL, unwrap_tool_response as _unwrap_tool_response
 from trace_envs.core.parsing import parse_action
 from trace_envs.core.registry import get_entry, registered
 

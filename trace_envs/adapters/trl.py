@@ -69,6 +69,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 import gymnasium as gym
 
 import trace_envs  # noqa: F401 - registers the env ids with gymnasium
+from trace_envs.core.conversation import USER_TOOL, unwrap_tool_response as _unwrap_tool_response
 from trace_envs.core.parsing import parse_action
 from trace_envs.core.registry import get_entry
 
@@ -76,8 +77,6 @@ logger = logging.getLogger(__name__)
 
 #: Method names TRL treats specially; a tool cannot be called like this.
 RESERVED_NAMES = ("reset", "get_reward")
-#: The tool through which the model talks to the simulated user.
-USER_TOOL = "send_message_to_user"
 #: ``termination`` of an episode TRL ended before the env did (reward 0, see the module docstring).
 UNFINISHED = "unfinished"
 #: ``termination`` of an episode cut by the registry's ``max_episode_steps`` (as :func:`trace_envs.rollout` names it).
@@ -209,16 +208,6 @@ def _as_mapping(value: Any, what: str) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"the row's {what!r} must be a mapping (or a JSON object string), got {type(value).__name__}")
     return value
-
-
-def _unwrap_tool_response(observation: str) -> str:
-    """The tool's output text from an env observation ``<tool_response>\\n…\\n</tool_response>[notes]``."""
-    head, tail = "<tool_response>\n", "\n</tool_response>"
-    if observation.startswith(head):
-        end = observation.rfind(tail)
-        if end >= len(head) - 1:
-            return observation[len(head):end] + observation[end + len(tail):]
-    return observation
 
 
 class TraceTRLEnvironment:

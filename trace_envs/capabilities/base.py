@@ -88,7 +88,6 @@ The uniform request API (added to both domains' ``tasks`` modules; additive, ``g
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,34 +198,6 @@ def _families_of(name: str) -> tuple[str, ...]:
     return tuple(getattr(tasks, "AirlineRequestSession" if name == "airline" else "RetailRequestSession").families)
 
 
-@functools.lru_cache(maxsize=None)
-def answer_families(domain: str | None = None, probes: int = 4) -> tuple[str, ...]:
-    """The request families a lead-in question can come from: asked and answered from the records without a write.
-
-    Probed, not listed: a family qualifies when the hand-written precondition verification env, told to open every
-    episode with it, builds ``probes`` episodes in a row (a family whose requests always need a write cannot).
-    ``domain``: ``"airline"``, ``"retail"`` or None (both). Cached per process: the answer depends only on the
-    domain code, and a run resolves ``lead_in: auto`` once per training job, selection and evaluation.
-    """
-    from .precondition_verification import PreconditionVerificationEnv
-
-    out = []
-    for name in (DOMAIN_NAMES if domain is None else (domain,)):
-        for family in _families_of(name):
-            if family in out:
-                continue
-            env = PreconditionVerificationEnv(domain=name, lead_in=[family], lead_in_prob=1.0)
-            try:
-                for seed in range(probes):
-                    env.reset(seed=seed)
-            except RuntimeError:  # "could not build ... opened by a <family> question"
-                continue
-            finally:
-                env.close()
-            out.append(family)
-    return tuple(out)
-
-
 def _lead_in_args(lead_in: Any, prob: Any) -> tuple[tuple[str, ...], float]:
     """Validated ``(lead_in, lead_in_prob)`` (see :class:`CapabilityEnv`)."""
     if lead_in == "auto":
@@ -255,14 +226,19 @@ class CapabilityEnv(TauEnv):
         db_seed: fixed DB for every episode (tasks still vary with the seed).
         user: ``"scripted"`` (default) or ``{"base_url": ..., "model": ...}`` for an LLM user.
         prompt: ``"full"`` or ``"compact"`` policy.
-        lead_in: target request families that may open an episode (default: none). With probability
+        scenarios, exclude_scenarios, tau2_data, task_id, reward_basis, tau2_compat: as for the targets
+            (:class:`trace_envs.domains.base.TauEnv`): which request families, τ²-bench's own data, the reward's
+            components.
+        lead_in: target request families that may open an episode (default: none). Added for the
+            planted-deficit experiment, kept as a capability: use it when adapters trained on these envs
+            forget the target's other requests. With probability
             ``lead_in_prob`` an episode opens with one question of a family drawn from ``lead_in`` (a
             request the target answers from the records without a write, e.g. a flight's status) before the
             capability's own request. The episode succeeds only if that question is answered too, as the
             target would score it (the facts said after the records were read); otherwise the reward is 0.
             Why: an adapter trained only on the capability's requests forgets the target's others (the
             precondition adapter of the planted recipe answered 1 of 54 flight-status requests, the base 43;
-            docs/headline.md, "Lead-in questions").
+            docs/environments.md).
         lead_in_prob: the share of episodes with a lead-in question (0..1; default 0.5 when ``lead_in`` is
             given).
     """

@@ -212,7 +212,7 @@ def _airline_status_question(session: Any) -> tuple[Request, list[str]]:
     rests on. Future flights stay in although their status ("available") follows from the date: the
     call must name the day the customer asked about, and an env of today's flights alone taught a
     warmed-up adapter to ask about today whatever the day (25 of 100 target flight-status episodes lost
-    that way; docs/headline.md).
+    that way; docs/environments.md).
     """
     from ..domains.airline.tasks import STATUS_WORDS
 

@@ -2,7 +2,7 @@
 
 Contributors run it on a hand-written env, the test suite runs it over the
 whole registry, and the generator runs it before admitting a generated env.
-The checks are those of DESIGN.md ("Conformance"):
+The checks are those of docs/design.md ("The environment contract"):
 
 * gymnasium's ``check_env``;
 * seed determinism (same seed → same task, same opening, same oracle transcript);
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import gymnasium as gym
+
+from .episode import OracleAgent, RandomAgent, ScriptedAgent, rollout
 
 GARBAGE_ACTIONS: list[Any] = [
     "",
@@ -125,8 +127,6 @@ def _make(env_id: str, **kwargs: Any) -> gym.Env:
 
 
 def _run(env: gym.Env, agent: Any, seed: int) -> dict:
-    from ..rollout import rollout
-
     return rollout(env, agent, seed)
 
 
@@ -144,8 +144,6 @@ def check_gymnasium_api(env_id: str, kwargs: dict, seeds: list[int]) -> str:
 
 
 def check_determinism(env_id: str, kwargs: dict, seeds: list[int]) -> str:
-    from ..agents import OracleAgent
-
     for seed in seeds[:3]:
         transcripts, prints, openings = [], [], []
         for _ in range(2):
@@ -177,8 +175,6 @@ def check_seeds_differ(env_id: str, kwargs: dict, seeds: list[int]) -> str:
 
 
 def check_oracle(env_id: str, kwargs: dict, seeds: list[int]) -> str:
-    from ..agents import OracleAgent
-
     env = _make(env_id, **kwargs)
     bad = []
     for seed in seeds:
@@ -192,8 +188,6 @@ def check_oracle(env_id: str, kwargs: dict, seeds: list[int]) -> str:
 
 
 def check_bad_actions(env_id: str, kwargs: dict, seeds: list[int]) -> str:
-    from ..agents import RandomAgent, ScriptedAgent
-
     env = _make(env_id, **kwargs)
     try:
         for seed in seeds[:3]:
@@ -222,8 +216,6 @@ def check_bad_actions(env_id: str, kwargs: dict, seeds: list[int]) -> str:
 
 
 def check_reward_range_and_truncation(env_id: str, kwargs: dict, seeds: list[int]) -> str:
-    from ..agents import RandomAgent
-
     env = _make(env_id, **kwargs)
     limit = env.spec.max_episode_steps if env.spec else None
     if not limit:
@@ -288,8 +280,7 @@ def check_trace_env(env_id: str, *, n_seeds: int | None = None, env_kwargs: dict
         only: run only the checks with these names.
         seeds: check these seeds instead of ``range(n_seeds)`` (admission draws them from the whole range).
     """
-    import trace_envs  # noqa: F401 - registers the ids
-    from .registry import get_entry
+    from .registry import get_entry  # the ids are registered: importing trace_envs (this package) did it
 
     if n_seeds is None and not seeds:
         try:

@@ -86,3 +86,18 @@ def render_transcript(messages: list[dict], width: int = 2000) -> str:
         else:
             out.append(f"[{role}] {content}")
     return "\n".join(out)
+
+
+#: The tool through which a trainer's model talks to the simulated user (TRL's tool loop, ``trace serve``'s MCP
+#: tools): the env's plain-text message, given a name so that tool-only trainers can send it.
+USER_TOOL = "send_message_to_user"
+
+
+def unwrap_tool_response(observation: str) -> str:
+    """The tool's output text from an env observation ``<tool_response>\\n…\\n</tool_response>[notes]``."""
+    head, tail = "<tool_response>\n", "\n</tool_response>"
+    if observation.startswith(head):
+        end = observation.rfind(tail)
+        if end >= len(head) - 1:
+            return observation[len(head):end] + observation[end + len(tail):]
+    return observation

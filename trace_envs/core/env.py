@@ -74,6 +74,10 @@ class TraceEnv(gym.Env):
         ``task_info() -> dict``: small labels of the task (``scenario``, ``difficulty``, ``needs``) for records.
         ``oracle() -> policy``: a ``(observation, info) -> action`` callable that solves this episode.
 
+    Args:
+        render_mode: ``"ansi"`` (``render()`` returns the conversation so far as text) or None (gymnasium's
+            default; every env takes it through ``gym.make(..., render_mode="ansi")``).
+
     Class attributes:
         max_invalid_actions: consecutive rejected turns (unreadable actions or failed tool calls)
             after which the episode ends with termination ``too_many_errors``.

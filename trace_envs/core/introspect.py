@@ -2,7 +2,8 @@
 
 Both the trainer (which env accepts ``prompt`` or ``difficulty``: :func:`trace_train.tiny.metadata.env_accepts`)
 and the sandbox worker (which describes a generated env's class to the trusted process) ask this, so it is
-answered here once.
+answered here once; ``trace envs show`` reads the docs of the arguments an env inherits with
+:func:`inherited_arguments`.
 """
 
 from __future__ import annotations
@@ -38,3 +39,23 @@ def accepts(cls: type, kwarg: str) -> bool:
     """Whether ``cls(**{kwarg: ...})`` is a constructor argument it takes."""
     names, open_ = constructor_params(cls)
     return kwarg in names or open_
+
+
+def inherited_arguments(cls: type) -> list[tuple[str, str]]:
+    """The ``Args:`` sections of the classes ``cls`` inherits its constructor arguments from (nearest first), so
+    that ``trace envs show`` documents every argument an env takes, not only those its own docstring names."""
+    out = []
+    for base in cls.__mro__[1:]:
+        if "__init__" not in vars(base) or not base.__doc__ or base.__module__.startswith("gymnasium"):
+            continue
+        lines = inspect.cleandoc(base.__doc__).splitlines()
+        if "Args:" not in lines:
+            continue
+        section = []
+        for line in lines[lines.index("Args:") + 1:]:
+            if line and not line.startswith(" "):
+                break
+            section.append(line)
+        if any(line.strip() for line in section):
+            out.append((base.__name__, "\n".join(section).rstrip()))
+    return out

@@ -1,6 +1,6 @@
 """One action parser for every TRACE environment.
 
-An agent's turn arrives in one of four shapes (DESIGN.md, "Action"):
+An agent's turn arrives in one of four shapes (docs/design.md, "The environment contract"):
 
 (a) model text with a Hermes block ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``,
 (b) a bare JSON tool call ``{"name": ..., "arguments": ...}`` (optionally in a code fence),

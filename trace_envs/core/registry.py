@@ -38,7 +38,7 @@ ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
 KINDS = ("target", "capability", "sanity")
 FIELDS = ("id", "entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs",
           "origin", "description", "sandbox")
-#: The entry point that ``gym.make`` calls for a sandboxed entry (DESIGN.md, "Sandboxing").
+#: The entry point that ``gym.make`` calls for a sandboxed entry (docs/design.md, "Sandboxing").
 SANDBOX_ENTRY_POINT = "trace_envs.core.sandboxed:SandboxedEnv"
 BUILTIN_REGISTRY = Path(__file__).resolve().parent.parent / "registry.yaml"
 
@@ -49,7 +49,7 @@ class RegistryError(ValueError):
 
 @dataclass(frozen=True)
 class EnvEntry:
-    """One registry entry (see DESIGN.md, "registry.yaml")."""
+    """One registry entry (see docs/design.md, "registry.yaml")."""
 
     id: str
     entry_point: str

@@ -18,6 +18,19 @@ import sys
 import traceback
 
 
+#: What builds each scripted policy kind of the wire protocol, named rather than imported: those agents live
+#: above ``core`` (docs/design.md, "Layout"), and the worker loads the one an episode asks for.
+POLICY_FACTORIES = {"tau_scripted": "trace_envs.domains.agents:TauScriptedAgent",
+                    "agent": "trace_envs.agents:make_agent"}
+
+
+def _factory(kind: str):
+    import importlib
+
+    module, _, name = POLICY_FACTORIES[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _read_line(stream) -> bytes | None:
     line = stream.readline()
     return line if line else None
@@ -125,14 +138,10 @@ class Host:
             if kind == "oracle":
                 policy = env.oracle()
             elif kind == "tau_scripted":
-                from trace_envs.domains.agents import TauScriptedAgent
-
-                policy = TauScriptedAgent(list(args.get("lacks") or []))
+                policy = _factory(kind)(list(args.get("lacks") or []))
                 policy.reset(env, *self.last)
             elif kind == "agent":
-                from trace_envs.agents import make_agent
-
-                policy = make_agent(str(args.get("name")), **dict(args.get("kwargs") or {}))
+                policy = _factory(kind)(str(args.get("name")), **dict(args.get("kwargs") or {}))
                 if hasattr(policy, "reset"):
                     policy.reset(env, *self.last)
             else:

@@ -1,7 +1,7 @@
 """τ²-style evaluation: DB state, communicated information, and (optionally) actions.
 
 The reward is the product of the components named in the task's
-``reward_basis`` (FACTS.md §2):
+``reward_basis`` (docs/design.md, "Target environments"):
 
 * ``DB``: the database after the agent's writes equals the database after the
   gold writes (compared by canonical hash of every record either run touched;

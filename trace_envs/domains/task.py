@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-#: The four capabilities TRACE found on τ²-bench (FACTS.md §1).
+#: The four capabilities TRACE found on τ²-bench (docs/design.md, "The method's settings").
 CAPABILITIES = (
     "precondition_verification",
     "multi_step_completion",

@@ -1,4 +1,4 @@
-"""SWE-smith-style repository repair tasks (DESIGN.md, "Target environments").
+"""SWE-smith-style repository repair tasks (docs/design.md, "Target environments").
 
 Modules, in pipeline order:
 

@@ -2,7 +2,7 @@
 
 No image registry is reachable on the machines this project targets, so the
 base image is built from a Debian root filesystem made by ``debootstrap`` and
-loaded with ``docker import`` (FACTS.md §4). When a registry *is* reachable,
+loaded with ``docker import`` (docs/design.md, "Sandboxing"). When a registry *is* reachable,
 ``build_base_image(from_registry="python:3.11-slim")`` builds it from that image instead.
 
 Each repository gets its own image on top of the base (SWE-smith: one image

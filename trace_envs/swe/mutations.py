@@ -1,6 +1,6 @@
 """Procedural bugs: SWE-smith's modifier families, written on libcst (formatting is kept).
 
-Each family is a small rewrite of one syntax node (FACTS.md §3):
+Each family is a small rewrite of one syntax node (docs/design.md, "Target environments"):
 
 =====================  ======================================================================
 ``change_operator``    an operator becomes another of its family (+/-, * / // %, & | ^, << >>,

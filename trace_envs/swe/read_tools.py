@@ -2,7 +2,7 @@
 
 ``trace/swe_repo-v0`` reads its repository inside a Docker sandbox; ``trace/swe_localization-v0``
 serves the same bugged tree from memory. Both must offer the agent the same ``list_files``,
-``view_file`` and ``search`` (the capability env keeps the target's tool schemas, DESIGN.md), so the
+``view_file`` and ``search`` (the capability env keeps the target's tool schemas, docs/design.md), so the
 tools, their docstrings (which are their schemas) and their output format are written once here.
 Each environment supplies the storage through three small hooks: :meth:`_read`, :meth:`_list`
 and :meth:`_grep`.

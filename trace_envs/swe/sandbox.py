@@ -26,7 +26,7 @@ What an agent's command can and cannot do to the sandbox (each point is tested i
   (the memory cgroup's ``oom_kill`` counter, read before and after), a time-out as a time-out.
   The root filesystem is read-only; the writable places are tmpfs mounts with a size — the
   repository (``/testbed``), ``/tmp`` and ``/dev/shm`` — so a runaway write stops at its budget
-  (``--storage-opt size=`` does not work on overlay2 over extfs, FACTS.md §4) and the command's
+  (``--storage-opt size=`` does not work on overlay2 over extfs, docs/design.md, "Sandboxing") and the command's
   output says ``disk budget exhausted: /tmp is full (512 MB)``. tmpfs pages count against the
   memory limit, which is why the budgets are well below it.
 * **The harness's own files are out of reach.** Command output and the pytest report live in

@@ -1,10 +1,10 @@
-"""Contrastive capability analysis (TRACE's first stage after the rollouts; DESIGN.md, "Analysis output").
+"""Contrastive capability analysis (TRACE's first stage after the rollouts; docs/design.md, "The method's settings").
 
 Failures are not random: contrasting an agent's successful and failed trajectories names the
 capabilities it lacks. This package labels every (trajectory, capability) pair NA / PRESENT /
 LACKING — with rules (:class:`OfflineLabeler`, the embedded default) or with an LLM analysis agent
 over any OpenAI-compatible endpoint (:class:`LLMAnalyst`) — scores each capability by
-ER⁻, ER⁺, Δ, coverage and k-of-R stability (:func:`contrastive_scores`, FACTS.md §1), and writes
+ER⁻, ER⁺, Δ, coverage and k-of-R stability (:func:`contrastive_scores`, docs/design.md, "The method's settings"), and writes
 ``capabilities.json``, a report, a figure and one spec per retained capability (:func:`diagnose`).
 
     from trace_train.analysis import diagnose

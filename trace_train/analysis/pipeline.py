@@ -1,6 +1,6 @@
 """``diagnose``: trajectories in, ``capabilities.json`` + report + figure + capability specs out.
 
-The analysis stage of TRACE (DESIGN.md, "Analysis output"). It reads the rollouts of an agent (a
+The analysis stage of TRACE (docs/design.md, "The method's settings"). It reads the rollouts of an agent (a
 run directory or a JSONL file), labels every (trajectory, capability) pair — with the offline
 labeler by default, or with the LLM analysis agent over an OpenAI-compatible endpoint, the offline
 labeler then serving as a cross-check — scores the capabilities contrastively (:mod:`.stats`) and
@@ -57,7 +57,7 @@ def load_trajectories(source: str | Path) -> tuple[list[dict], list[Path]]:
     bad = [i for i, r in enumerate(records) if not isinstance(r.get("messages"), list) or "success" not in r]
     if bad:
         raise AnalysisError(f"{len(bad)} record(s) lack 'messages' or 'success' (first: #{bad[0]}); "
-                            "they are not trajectory records (DESIGN.md, 'Trajectories')")
+                            "they are not trajectory records (docs/design.md, 'Trajectories')")
     if not records:
         raise AnalysisError(f"no trajectory in {', '.join(map(str, files))}")
     return records, files

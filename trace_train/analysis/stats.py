@@ -1,4 +1,4 @@
-"""The contrastive statistics of TRACE (FACTS.md §1), exactly as the method defines them.
+"""The contrastive statistics of TRACE (docs/design.md, "The method's settings"), exactly as the method defines them.
 
 For one labelling run and one capability ``c``, over the trajectories labelled LACKING or PRESENT
 (NA and missing labels are left out):
@@ -42,7 +42,7 @@ NA, PRESENT, LACKING, MISSING = "NA", "PRESENT", "LACKING", None
 
 @dataclass
 class Thresholds:
-    """When a capability is retained (FACTS.md §1 defaults).
+    """When a capability is retained (docs/design.md, "The method's settings" defaults).
 
     Attributes:
         min_delta: a run passes only if Δ = ER⁻ − ER⁺ is at least this.

@@ -1,4 +1,4 @@
-"""Where rollouts run: one seam with two backends (DESIGN.md, "Trajectories"; docs/ray.md).
+"""Where rollouts run: one seam with two backends (docs/design.md, "Trajectories"; docs/ray.md).
 
 A :class:`RolloutJob` is one agent's episodes into one trajectory file: env ids × seeds × samples, the agent
 as a picklable factory (it is built where the episodes run), and the settings of
@@ -73,7 +73,7 @@ def run_jobs(jobs: list[RolloutJob], engine: str = "local", workers: int = 1, ra
         jobs: the rollout jobs.
         engine: ``local`` or ``ray``.
         workers: ``local``: worker processes (1 = this process).
-        ray: ``ray``: a :class:`trace_train.pipeline.config.RaySection` (the cluster's address, actors, CPUs).
+        ray: ``ray``: a :class:`trace_train.backends.ray_config.RaySection` (the cluster's address, actors, CPUs).
     """
     if engine == "local":
         from .local import run_local

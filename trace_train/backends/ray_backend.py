@@ -60,11 +60,11 @@ class RayBackendError(RuntimeError):
 
 
 def connect(address: str | None) -> None:
-    """Connect this process to the Ray cluster at ``address`` (see :class:`~trace_train.pipeline.config.RaySection`),
+    """Connect this process to the Ray cluster at ``address`` (see :class:`~trace_train.backends.ray_config.RaySection`),
     unless it already is; an address where no cluster answers fails at once with the address named."""
     import ray
 
-    from trace_train.pipeline.config import ConfigError, check_ray_address
+    from trace_train.backends.ray_config import ConfigError, check_ray_address
 
     if ray.is_initialized():
         return
@@ -215,7 +215,7 @@ def _error_record(key: tuple, agent_name: str, reason: str) -> dict:
 
 def run_ray(jobs: list[RolloutJob], cfg: Any = None) -> list:
     """Every job on Ray actors, one job after the other; returns their summaries (see the module docstring)."""
-    from trace_train.pipeline.config import RaySection
+    from trace_train.backends.ray_config import RaySection
 
     cfg = cfg or RaySection()
     cfg.validate()

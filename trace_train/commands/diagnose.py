@@ -4,7 +4,7 @@
     trace diagnose runs/base/trajectories.jsonl --out runs/base/analysis
     trace diagnose runs/base --llm http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B --runs 10
 
-Writes ``capabilities.json`` (DESIGN.md, "Analysis output"), ``report.md``, ``capabilities.png`` and
+Writes ``capabilities.json`` (docs/design.md, "The method's settings"), ``report.md``, ``capabilities.png`` and
 ``specs/<capability>.json`` (one per retained capability, for ``trace generate``). With ``--llm`` the
 LLM analysis agent induces the dictionary and labels the trajectories R times; the offline labeler
 then cross-checks its labels (agreement per capability in the report).

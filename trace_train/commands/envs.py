@@ -122,6 +122,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     doc = inspect.cleandoc(cls.__doc__ or "")
     print()
     print(doc if doc else f"({cls.__name__} has no docstring)")
+    from trace_envs.core.introspect import inherited_arguments
+
+    for base, section in inherited_arguments(cls):
+        print()
+        print(f"Arguments shared with {base} (inherited):")
+        print(section)
 
     env = gym.make(entry.id)
     try:
@@ -171,7 +177,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 _CALIBRATE_DOC = """\
 Run G groups of K rollouts of an agent on one environment (every member of a group resets with
 the same seed; group g uses seed S+g) and report what sets an environment's default difficulty:
-mean reward, success rate, the share of all-0, all-1 and informative GRPO groups (FACTS.md §1:
+mean reward, success rate, the share of all-0, all-1 and informative GRPO groups (docs/design.md, "The method's settings":
 0.2-0.6 mean reward and success, <= 20%% all-0, <= 20%% all-1, >= 50%% informative, for the base
 model), pass@1, pass@K and pass^K.
 

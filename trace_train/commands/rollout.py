@@ -190,7 +190,7 @@ def cmd_rollout(args) -> int:
 def _rollout_on_ray(args, options: dict, extra_kwargs: dict) -> int:
     """``trace rollout --ray``: the same episodes into the same file, played on Ray actors."""
     from trace_train.backends import RolloutJob
-    from trace_train.pipeline.config import ConfigError, RaySection
+    from trace_train.backends.ray_config import ConfigError, RaySection
     from trace_train.rollouts import export_parquet
 
     if options:

@@ -1,6 +1,6 @@
 """The K capability adapters a composed model is built from: checks, hashes, and their LoRA weights.
 
-Stage four of TRACE (DESIGN.md "Composer") takes the PEFT LoRA adapters that ``trace train`` wrote, one
+Stage four of TRACE (docs/design.md "Composer") takes the PEFT LoRA adapters that ``trace train`` wrote, one
 per capability, all on the same base. This module resolves them (``name=dir`` or a plain folder),
 refuses what cannot be composed (another base, other target modules, DoRA, LoRA biases, whole modules
 saved) with a message that says what to do, and reads each adapted projection's ``A`` and ``B``

@@ -95,7 +95,7 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         out: output folder.
         top_k: slots per token (1 = the paper's default; 2, 4 for the ablation).
         train: router training settings: a :class:`RouterTrainConfig` or a dict of its fields (a YAML
-            config's ``compose.options.train``); FACTS.md §1 defaults.
+            config's ``compose.options.train``); docs/design.md, "The method's settings" defaults.
         adapter_envs: adapter name -> env ids whose episodes it labels (default: the envs in the
             adapter's ``trace_adapter.json``, written by ``trace train``; else the env whose capability is
             the adapter's name, e.g. ``trace/precondition_verification-v1``).

@@ -1,6 +1,6 @@
 """Trajectories as token sequences for the composer: targets, message roles and the expert label.
 
-The router of stage four trains on successful trajectories (JSONL, DESIGN.md "Trajectories"). Each
+The router of stage four trains on successful trajectories (JSONL, docs/design.md "Trajectories"). Each
 episode becomes one sequence rendered with the tokenizer's chat template exactly as the model sees it
 at inference (the same rendering as the SFT warm-up, :func:`trace_train.tiny.sft_data.sft_segments`), with per
 token: whether it is an assistant token (a next-token target), the role of its message (``system``,

@@ -1,6 +1,6 @@
 """The composed model: a frozen base, K frozen LoRA experts, and one small gate per transformer block.
 
-Stage four of TRACE (DESIGN.md "Composer", FACTS.md §1). Each block ``i`` gets a gate
+Stage four of TRACE (docs/design.md "Composer", docs/design.md, "The method's settings"). Each block ``i`` gets a gate
 ``Linear(hidden, K + 1)`` with bias that reads the block's input hidden state (RMS-normalised, without
 parameters, so its scale does not depend on depth or model); slot 0 is the base (no
 adapter), slot ``k`` the k-th capability adapter. Its per-token choice applies to every adapted
@@ -40,7 +40,7 @@ Segment routing (``routing="segment"``). The gates still score every token, but 
 ``<|im_start|>`` that opens it; before the first one, the sequence's first token): one decision per message
 and block, held to its end, decoding included. On the tiny CPU models a per-token router that sends 8-17% of a
 message's tokens to the other adapter lets the message drift into that adapter's words half-way (measured:
-docs/headline.md, "The rerun (seed 1)"); a message of one adapter cannot. The hold is state carried
+docs/compose.md); a message of one adapter cannot. The hold is state carried
 between the forwards of one ``generate``, as the context gates' sums are.
 """
 

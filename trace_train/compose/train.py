@@ -1,7 +1,7 @@
 """Router training (gates only) and routing statistics of a composed model.
 
 Stage four of TRACE trains only the gates, with the backbone and every adapter frozen, on successful
-trajectories (FACTS.md §1): a next-token loss on the assistant tokens, which reaches the gates through
+trajectories (docs/design.md, "The method's settings"): a next-token loss on the assistant tokens, which reaches the gates through
 ``p_top`` (the chosen slot's probability scales its expert); a Switch-style load-balancing loss over
 the K + 1 slots; and an optional label loss pushing each episode's tokens toward the adapter of the env
 that produced it. Without the label loss a fresh router (every token on the base slot, where the expert
@@ -29,7 +29,7 @@ from .model import ComposedModel
 
 @dataclass
 class RouterTrainConfig:
-    """Settings of gate training (defaults from FACTS.md §1).
+    """Settings of gate training (defaults from docs/design.md, "The method's settings").
 
     Attributes:
         epochs: passes over the successful trajectories.
@@ -138,7 +138,7 @@ def prefit_gates(model: ComposedModel, episodes: Sequence[EncodedTrajectory], cf
 
     The joint loss reaches the gates a few episodes at a time: every step pushes the shared direction toward the
     adapter its episodes came from, and with a few dozen steps the gates swing instead of settling (measured on
-    the planted recipe: docs/headline.md, "The router did not learn its own data"). Here every labelled
+    the planted recipe: docs/compose.md). Here every labelled
     episode is routed to its own adapter (the routing the label loss asks for), each block's gate input is read
     once, and the gates are fitted on all of it at once (each episode weighing the same, whatever its length),
     ``cfg.prefit_steps`` AdamW steps at ``cfg.prefit_lr``. Each later round (``cfg.prefit_rounds``) reads the

@@ -24,24 +24,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import hashlib
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-#: The stages of a run, in order (DESIGN.md, "Run directory"); ``base`` prepares the base agent first.
+# The ray: section is the backend's own schema; re-exported here as a section of a run's config.
+from ..backends.ray_config import RaySection, check_ray_address, ray_section  # noqa: F401
+from ..schema import ConfigError, _at_least, _build, _choice
+
+#: The stages of a run, in order (docs/design.md, "Run directory"); ``base`` prepares the base agent first.
 STAGES = ("base", "rollout", "diagnose", "generate", "train", "compose", "evaluate")
 
 #: The methods of the paper-style results table, in its order.
 METHODS = ("base", "sft", "adapters", "multi", "merge_linear", "merge_ties", "per_episode", "trace_moe")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot be used; the message names the key and the fix."""
 
 
 @dataclass
@@ -73,6 +70,11 @@ class BaseSection:
         decode: how local models generate, in the base's rollouts and in every evaluated local model:
             ``fast`` (:mod:`trace_train.tiny.fast_decode`, for Qwen3-architecture models), ``hf``
             (``model.generate``), ``auto`` (fast for the tiny presets' models on CPU, hf otherwise).
+        shipped: ``tiny``: one more folder to look for a warmed-up base of exactly this recipe in (a base folder
+            with its ``recipe.json``, as ``scripts/ship_base.py`` writes it, or a folder of them), beside the
+            bases shipped in the package; a relative path is read from the config file's folder. A base that
+            only one experiment uses lives with that experiment this way, not in the wheel. Where the base
+            comes from changes nothing else: it is left out of the stage's fingerprint.
     """
 
     kind: str = "tiny"
@@ -89,6 +91,7 @@ class BaseSection:
     threads: int = 1
     device: str = "cpu"
     decode: str = "auto"
+    shipped: str | None = None
 
     def validate(self) -> None:
         _choice("base.kind", self.kind, ("tiny", "hf", "openai", "scripted"))
@@ -149,63 +152,6 @@ class RolloutSection:
         _at_least("rollout.in_flight", self.in_flight, 1)
         _at_least("rollout.workers", self.workers, 1)
         _choice("rollout.engine", self.engine, ("local", "ray"))
-
-
-@dataclass
-class RaySection:
-    """The Ray cluster of ``rollout.engine: ray`` (docs/ray.md); unused with the local engine.
-
-    Attributes:
-        address: ``auto`` (the cluster this machine belongs to, started with ``ray start``), ``ray://HOST:PORT``
-            (a remote cluster through Ray Client), ``HOST:PORT`` (a cluster's GCS address, what ``ray start
-            --address`` takes), or null (the cluster of ``RAY_ADDRESS`` or one already running here, else a
-            new one-node cluster started for this run).
-        num_actors: actors that host the envs of a rollout; each builds its own agent once (a local model is
-            loaded once per actor; an endpoint agent is a client of the one shared server).
-        env_cpus: CPUs each actor reserves (fractions share a core: 16 actors of 0.125 CPU on 2 cores, for
-            envs that mostly wait on a tool or an LLM call).
-        max_concurrent_per_actor: episodes open at once in one actor (its agent's batch).
-        max_container_starts: SWE sandbox containers starting at once in the whole cluster (a named Ray actor
-            semaphore around every container start). SWE actors run only on nodes that declare the custom
-            resource ``docker`` (``ray start --resources '{"docker": 4}'``: that node hosts 4 SWE actors).
-    """
-
-    address: str | None = None
-    num_actors: int = 4
-    env_cpus: float = 1.0
-    max_concurrent_per_actor: int = 8
-    max_container_starts: int = 4
-
-    def validate(self) -> None:
-        check_ray_address("ray.address", self.address)
-        _at_least("ray.num_actors", self.num_actors, 1)
-        if not self.env_cpus >= 0:
-            raise ConfigError(f"ray.env_cpus must be >= 0 (a fraction shares a core), got {self.env_cpus}")
-        _at_least("ray.max_concurrent_per_actor", self.max_concurrent_per_actor, 1)
-        _at_least("ray.max_container_starts", self.max_container_starts, 1)
-
-
-def ray_section(data: Any, prefix: str = "ray.") -> RaySection:
-    """A validated :class:`RaySection` from a mapping of its keys: a run config's ``ray:`` section, or
-    ``TrainConfig.ray`` (GRPO's endpoint rollouts on Ray). An unknown key, a wrong type or a bad value raises
-    :class:`ConfigError` naming the key, as at load time."""
-    section = _build(RaySection, data, prefix)
-    section.validate()
-    return section
-
-
-def check_ray_address(key: str, address: Any) -> None:
-    """An address Ray can connect to: null, ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``; anything else names
-    the value and the forms."""
-    if address is None or address == "auto":
-        return
-    text = str(address)
-    rest = text[len("ray://"):] if text.startswith("ray://") else text
-    host, sep, port = rest.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536) or "/" in host:
-        raise ConfigError(f"{key}: {text!r} is not a Ray cluster address; use auto (the cluster of this machine), "
-                          "ray://HOST:PORT (Ray Client), HOST:PORT (the head's GCS address, e.g. 10.0.0.1:6379) "
-                          "or null (start a local cluster)")
 
 
 @dataclass
@@ -461,7 +407,7 @@ class RunConfig:
     """A whole ``trace run``: the run directory and one section per stage.
 
     Attributes:
-        out: the run directory (DESIGN.md, "Run directory").
+        out: the run directory (docs/design.md, "Run directory").
         name: a label for the report (default: the run directory's name).
         seed: the run's seed (sampling, bootstrap intervals).
         base, rollout, diagnose, generate, train, compose, evaluate: the stage sections.
@@ -526,7 +472,7 @@ class RunConfig:
 
 #: Keys of a section that do not change a stage's outputs, left out of its fingerprint (changing them re-runs
 #: nothing). ``rollout.workers`` stays in: a fingerprint change there was always a re-run.
-NOT_HASHED = {"rollout": ("engine",)}
+NOT_HASHED = {"rollout": ("engine",), "base": ("shipped",)}
 #: Keys added after runs were made, fingerprinted only when not at their default (so that a run made before them
 #: does not re-run).
 HASHED_WHEN_SET = {"generate": ("focus_share",), "compose": ("drop_unimproved",)}
@@ -583,67 +529,6 @@ def parse_seeds(key: str, spec: Any) -> list[int]:
     return seeds
 
 
-def _choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
-
-
-def _at_least(key: str, value: Any, low: int) -> None:
-    if value < low:
-        raise ConfigError(f"{key} must be >= {low}, got {value}")
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    """Whether a YAML value fits a field's type hint (ints are accepted for floats)."""
-    if hint is Any:
-        return True
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if origin is not None:
-        hint = origin
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
-
-
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    return getattr(origin or hint, "__name__", str(hint))
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    if data is None:
-        return cls()
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'the config'} must be a mapping of keys to values, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(names)}"
-            raise ConfigError(f"{full}: unknown key; {hint}")
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value, f"{full}.")
-            continue
-        if not _type_ok(value, hint):
-            raise ConfigError(f"{full} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})")
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
 def apply_settings(data: dict, settings: list[str] | tuple[str, ...]) -> dict:
     """``data`` with each ``KEY=VALUE`` of ``settings`` applied (``trace run --set``), in order.
 
@@ -698,9 +583,12 @@ def load_config(path: str | Path, settings: list[str] | tuple[str, ...] = (), **
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     try:
-        return config_from_dict(data, settings, **overrides)
+        cfg = config_from_dict(data, settings, **overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if cfg.base.shipped and not Path(cfg.base.shipped).is_absolute():  # beside the config, wherever it runs from
+        cfg.base.shipped = str((path.parent / cfg.base.shipped).resolve())
+    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -1,6 +1,6 @@
 """``trace run``: the whole TRACE loop in one run directory, resumable stage by stage.
 
-The stages (DESIGN.md, "Run directory"), each reading only the files of earlier stages::
+The stages (docs/design.md, "Run directory"), each reading only the files of earlier stages::
 
     base      the base agent: the tiny model warmed up here (cached by content), a model folder,
               an OpenAI-compatible endpoint or a scripted agent            -> base/base.json

@@ -99,7 +99,7 @@ class BootstrapConfig:
             evaluation seeds stay held out). A low share of a capability env's own episodes (e.g. 0.05)
             makes a base that is *sometimes* right on that env, which GRPO needs (a group whose rollouts
             all score 0 carries no signal; a base warmed up on the target alone scores ~0 on the τ²
-            capability envs, FACTS.md §8).
+            capability envs, docs/design.md, "Models").
         mixture_env_kwargs: ``gym.make`` kwargs of the mixture envs (e.g. ``{"difficulty": 1}``); the
             ``prompt`` switch is added for envs that have one.
         lora: train a LoRA adapter instead of the whole model (the base stays frozen): a mapping of

@@ -112,7 +112,7 @@ def replay_episodes(path: str | Path, drawn: Iterable[str], count: int,
 
     A LoRA fitted on one capability env's oracle episodes forgets what the base did on the target's other
     requests (measured on the planted recipe: the precondition adapter answered 0 of 130 flight-status and info
-    requests, the base 46; docs/headline.md). Mixing the base's own episodes of those requests into the SFT rows
+    requests, the base 46; docs/train.md). Mixing the base's own episodes of those requests into the SFT rows
     asks the adapter to keep the base's behaviour there. The episodes are :func:`left_out_episodes`, repeated in a
     seeded order until ``count`` rows are drawn. Returns ``(records, summary)``; ``records`` is empty when no
     episode is kept.

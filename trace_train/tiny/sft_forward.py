@@ -311,7 +311,7 @@ def turn_head_weights(keep, head_weight: float, head_tokens: int):
     loss of a well-fitted episode (the precondition env's warm-up fitted its oracle to 0.04 and still went
     ahead with 19 of 20 forbidden cancellations); weighting the openings makes it a large share again. It
     does not make a decision learnable that the model cannot see: on that env a weight of 10 moved how often
-    the opening is a tool call, not when (docs/headline.md, "The decision is not read").
+    the opening is a tool call, not when (docs/train.md).
     """
     import torch
 

@@ -8,6 +8,9 @@ solves. The base stage installs a shipped base into the model cache when its cac
 the run's ``base.bootstrap`` gives, so the same config gives the same base on every machine; any other
 recipe warms up a new base as before.
 
+A run config can name one more place to look (``base.shipped``: a base folder, or a folder of them), so that
+a base only one experiment uses lives beside that experiment's config instead of in the package.
+
 Why ship it: the warm-up is a step budget, so machines of one CPU type make the same base, but another
 CPU rounds differently (the same recipe gave bases solving 2, 6 and 9 of 40 diagnosis episodes on three
 machines), and it cost half of ``make demo``'s 30 minutes. ``trace model bootstrap --recipe
@@ -20,6 +23,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 BASES = Path(__file__).resolve().parent / "bases"
 #: The files a shipped base must have to be installed.
@@ -47,10 +51,25 @@ class ShippedBase:
         return all((self.path / f).is_file() for f in REQUIRED)
 
 
-def shipped_bases(root: Path = BASES) -> list[ShippedBase]:
-    """Every shipped base under ``root`` (folders with a readable ``recipe.json``), by name."""
+Roots = Path | Iterable[Path]
+
+
+def _roots(root: Roots) -> list[Path]:
+    return [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+
+
+def _folders(root: Path) -> list[Path]:
+    """A base folder itself (it has ``recipe.json``), or the folders inside ``root``, by name."""
+    if (root / "recipe.json").is_file():
+        return [root]
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def shipped_bases(root: Roots = BASES) -> list[ShippedBase]:
+    """Every shipped base under ``root`` (one folder or several; each a base folder or a folder of them) whose
+    ``recipe.json`` reads, in the roots' order and by name within each."""
     out = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+    for folder in (f for r in _roots(root) for f in _folders(r)):
         try:
             recipe = json.loads((folder / "recipe.json").read_text())
         except (OSError, json.JSONDecodeError):
@@ -60,12 +79,12 @@ def shipped_bases(root: Path = BASES) -> list[ShippedBase]:
     return out
 
 
-def find_shipped_base(cache_name: str, root: Path = BASES) -> ShippedBase | None:
-    """The complete shipped base whose recipe gives ``cache_name``, or None."""
+def find_shipped_base(cache_name: str, root: Roots = BASES) -> ShippedBase | None:
+    """The first complete shipped base whose recipe gives ``cache_name``, or None."""
     return next((b for b in shipped_bases(root) if b.cache_name == cache_name and b.complete), None)
 
 
-def install_shipped_base(cache_dir: Path, root: Path = BASES) -> ShippedBase | None:
+def install_shipped_base(cache_dir: Path, root: Roots = BASES) -> ShippedBase | None:
     """Copy the shipped base matching ``cache_dir``'s name into ``cache_dir`` (atomically); None if none matches.
 
     The copy goes to a ``.partial`` sibling first and is renamed, so an interrupted copy never looks cached.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .metadata import prompt_env_kwargs
+from .presets import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ _SPLIT_PATTERN = r"\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
 #: whichever id field it matches; ``reservation_id ": "`` matches only the field the write names. An id such as
 #: ``mia_li_3668`` still splits the same way wherever it appears (``mia_li`` ``_`` ``3668``).
 _KEYS_SPLIT_PATTERN = r"\p{L}+(?:_\p{L}+)+|\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
-#: Pre-tokenizer splits by name (:attr:`trace_train.tiny.build.ModelPreset.split`).
+#: Pre-tokenizer splits by name (:attr:`trace_train.tiny.presets.ModelPreset.split`).
 SPLITS = {"words": _SPLIT_PATTERN, "keys": _KEYS_SPLIT_PATTERN}
 
 
@@ -163,8 +164,6 @@ def train_tokenizer(texts: list[str], vocab_size: int, split: str = "words"):
 def wrap_tokenizer(tok, template: str):
     """The ``transformers`` fast tokenizer around a trained ``tokenizers`` object."""
     from transformers import PreTrainedTokenizerFast
-
-    from .build import PRESETS  # the build imports this module: the presets are read when a tokenizer is wrapped
 
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,

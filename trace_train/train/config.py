@@ -10,7 +10,7 @@ It maps onto TRL rather than re-implementing it: the GRPO fields become ``trl.GR
 and ``trl_args`` passes any other ``GRPOConfig`` option straight through (checked against
 ``GRPOConfig``'s own fields).
 
-Defaults follow the TRACE paper's reference settings (FACTS.md §1): LoRA r=16, α=16 on q/k/v/o, KL β=0,
+Defaults follow the TRACE paper's reference settings (docs/design.md, "The method's settings"): LoRA r=16, α=16 on q/k/v/o, KL β=0,
 clip ε 0.2 low / 0.28 high, temperature 1.0, lr 1e-5. CPU runs with the tiny model want a larger
 learning rate and small groups; ``examples/train_grpo.py`` shows both.
 """
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..schema import ConfigError  # one ConfigError for every config of trace_train
+
 #: ``device`` values: ``cpu`` and ``cuda`` are presets (see :meth:`TrainConfig.device_preset`); ``auto`` picks one.
 DEVICES = ("auto", "cpu", "cuda")
 #: ``rollout`` values: TRACE's multi-turn loop (``trace``) or TRL's ``environment_factory`` tool loop (``trl``).
@@ -34,10 +36,6 @@ LOSS_FORWARDS = ("auto", "shared_prefix", "trl")
 VLLM_MODES = ("colocate", "server")
 #: TRL 1.16's GRPO loss variants.
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo")
-
-
-class ConfigError(ValueError):
-    """A bad ``TrainConfig`` value; the message names the field and the fix."""
 
 
 def _help(text: str, **kwargs: Any) -> Any:
@@ -342,7 +340,7 @@ class TrainConfig:
     def _validate_endpoint(self) -> None:
         """The endpoint policy's fields (policy_base_url, policy_model, rollout_engine, rollout_workers, ray)."""
         from trace_train.backends import ENGINES
-        from trace_train.pipeline.config import ConfigError as RayConfigError, ray_section
+        from trace_train.backends.ray_config import ray_section
 
         url = self.policy_base_url
         if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
@@ -361,7 +359,7 @@ class TrainConfig:
             self._fail("ray", "give a mapping of a run config's ray: keys, e.g. {address: auto, num_actors: 8}")
         try:
             ray_section(self.ray, "ray.")
-        except RayConfigError as exc:
+        except ConfigError as exc:
             self._fail("ray", f"{exc} (docs/ray.md lists the keys and their values)")
         if url is None:
             if self.rollout_engine != "local":
@@ -435,7 +433,7 @@ class TrainConfig:
         return device
 
     def device_preset(self, device: str) -> dict:
-        """The ``GRPOConfig`` arguments of a device preset (FACTS.md §5, §7).
+        """The ``GRPOConfig`` arguments of a device preset (docs/design.md, "Models").
 
         CPU: fp32, no gradient checkpointing, ``use_cpu``. CUDA: bf16, gradient checkpointing, and TRL's
         vLLM generation when ``use_vllm`` (colocate mode on one GPU, server mode across GPUs).

@@ -348,7 +348,7 @@ class GroupRollouts:
         cfg = self.cfg
         ray = None
         if cfg.rollout_engine == "ray":
-            from ..pipeline.config import ray_section
+            from ..backends.ray_config import ray_section
 
             ray = ray_section(cfg.ray)
         # Requests in flight per agent: an actor's batch on Ray, a whole step's episodes locally.
@@ -761,7 +761,7 @@ def _check_policy_endpoint(cfg: TrainConfig) -> None:
     cfg.check_policy_endpoint()
     if cfg.rollout_engine == "ray":
         from ..backends.ray_backend import RayBackendError, connect
-        from ..pipeline.config import ray_section
+        from ..backends.ray_config import ray_section
 
         try:
             connect(ray_section(cfg.ray).address)

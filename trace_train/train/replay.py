@@ -2,7 +2,7 @@
 
 A LoRA trained by GRPO on one capability env learns that env's skill and, on the planted recipe, forgets what the
 base did on the target's other requests: the precondition adapter answered 0 of 130 flight-status and information
-requests (the base 46; docs/headline.md). Replaying the base's episodes in the SFT warm-up alone does not hold:
+requests (the base 46; docs/train.md). Replaying the base's episodes in the SFT warm-up alone does not hold:
 GRPO takes back within 10 steps what the warm-up kept (flight status 15 → 7 of 54). This term keeps them in
 every step's loss instead, as PPO-ptx keeps the pre-training data in InstructGPT's RL loss::
 
@@ -13,7 +13,7 @@ The replayed episodes are those of :func:`~trace_train.tiny.sft_data.left_out_ep
 adapter is, up to the base's entropy, a KL from the base on the base's own states; it adds no reward and no
 target success, only "do there what the base did".
 
-Measured on the planted recipe (seed 0; docs/headline.md, "Replay in GRPO's loss"): with a weight of 4 or more
+Measured on the planted recipe (seed 0; docs/train.md): with a weight of 4 or more
 the precondition adapter's last step answers 28-31 of 54 flight-status requests (without the term 3), but steps
 10-20 do not keep them, and GRPO's own drift on cancellations is untouched; the recipe leaves the term off.
 A resumed run starts the replay order again from its first epoch.

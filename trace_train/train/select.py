@@ -2,7 +2,7 @@
 
 GRPO on a tiny model can learn a skill within a few steps and give part of it back later (the headline recipe's
 structured-data adapter: held-out success 0.21 for the base, 0.44 at step 10, 0.30 from step 30 on;
-docs/headline.md). A fixed step budget keeps whatever the last step left. Selection plays the base (step 0)
+docs/train.md). A fixed step budget keeps whatever the last step left. Selection plays the base (step 0)
 and every ``every``-th saved checkpoint (``<output_dir>/checkpoints/checkpoint-N``, and always the last one)
 greedily on *validation* seeds of the run's own envs, seeds that neither training (1,000,000 on) nor the
 evaluation's held-out env seeds (0-99 by default) use, and keeps the checkpoint with the highest success. It

@@ -46,8 +46,8 @@ grounds need a date difference, the flights' statuses and the reason set against
 field as the record writes it, then the decision (``"cabin": "economy" does not allow a cancellation. I'm sorry,
 …``; ``"cabin": "business" allows cancelling, so …``), and a refusal reads no flight statuses first (they cannot
 change it): the decision comes right after the record and right after the value it rests on, where a small
-model's copy circuit brings it, and the two messages never meet again (docs/headline.md, "The decision is not
-read" and "The read-back in the recipe").
+model's copy circuit brings it, and the two messages never meet again (docs/environments.md,
+"Options that exist for the planted experiment").
 """
 
 from __future__ import annotations
@@ -389,7 +389,7 @@ def _read_back_message(cabin: str, decision: str, clause: str = "") -> str:
     2-layer model carries the previous two tokens into every position (its layer-0 heads) and little else, so a
     continuation the two messages share (". I", "a cancellation. ") forgets which decision opened it; the allowed
     message went on as a refusal. Neither message copies anything after the decision (no id, no amount): the copy
-    after "Reservation " failed there (docs/headline.md, "The read-back in the recipe"). The refusal says what the
+    after "Reservation " failed there (docs/environments.md). The refusal says what the
     task's communicate check needs ("cannot be cancelled"); the allowed one is followed by the oracle's confirmation
     question, and the done message after the write names the id and the refund, read from the write's result.
     """

@@ -1,6 +1,6 @@
 """The retail domain's database, generated from a seed: products with variants, users, orders.
 
-The tables follow τ²-bench's retail ``db.json`` (FACTS.md §2): ``products``
+The tables follow τ²-bench's retail ``db.json`` (docs/design.md, "Target environments"): ``products``
 (``{product_id: {name, product_id, variants: {item_id: {item_id, options,
 available, price}}}}``), ``users`` (name, address, email, payment methods —
 credit card, PayPal, gift card with a balance —, order ids) and ``orders``

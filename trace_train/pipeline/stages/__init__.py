@@ -1,7 +1,7 @@
 """The stages of ``trace run``, one module each (:mod:`trace_train.pipeline.runner` runs them and keeps their bookkeeping).
 
 Each ``run_<stage>(ctx)`` reads only the files earlier stages wrote into the run directory, writes its own
-(DESIGN.md, "Run directory") and returns ``(outputs, summary)``. Each ``estimate_<stage>(ctx)`` returns the
+(docs/design.md, "Run directory") and returns ``(outputs, summary)``. Each ``estimate_<stage>(ctx)`` returns the
 expected seconds (or None) and a one-line note for ``--dry-run``; the per-unit times are constants measured on
 a 2-core CPU with the tiny model (:mod:`~trace_train.pipeline.stages.common`), so they are rough by design.
 

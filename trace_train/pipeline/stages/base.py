@@ -45,6 +45,18 @@ def tiny_base_cache_dir(bcfg) -> Path:
     return cache_root() / f"run-base-{bcfg.target.replace('/', '_')}-{key}"
 
 
+def shipped_roots(section: BaseSection) -> list[Path]:
+    """Where shipped bases are looked for: the package's, then ``base.shipped`` (which must exist) if set."""
+    from trace_train.tiny.shipped import BASES
+
+    if not section.shipped:
+        return [BASES]
+    extra = Path(section.shipped)
+    if not extra.is_dir():
+        raise ConfigError(f"base.shipped: {extra} is not a folder (a shipped base's folder, or a folder of them)")
+    return [BASES, extra]
+
+
 def _cached_base(path: Path) -> bool:
     meta = path / "trace_model.json"
     if not meta.is_file():
@@ -72,7 +84,7 @@ def run_base(ctx) -> tuple[list[str], dict]:
         shipped = None
         if not cached:
             # A base shipped with the project for exactly this recipe: no warm-up, the same base on every CPU.
-            shipped = install_shipped_base(path)
+            shipped = install_shipped_base(path, shipped_roots(b))
             cached = shipped is not None
         if not cached:
             # Train into a temporary folder and rename: a killed warm-up never leaves a half-saved "cached" model.
@@ -120,7 +132,7 @@ def run_base(ctx) -> tuple[list[str], dict]:
     return outputs, info
 
 
-def warmup_seconds_per_step(threads: int) -> float:
+def warmup_seconds_per_step(threads: int, roots: list[Path] | None = None) -> float:
     """Rough seconds of one warm-up step on ``threads`` torch threads.
 
     Measured where it can be: the shipped bases' warm-ups (``recipe.json``: train seconds over steps), which run
@@ -129,10 +141,10 @@ def warmup_seconds_per_step(threads: int) -> float:
     planted recipe's warm-up took 3.5 s a step on two threads against 2.5 s on one (two 2-core machines of one CPU
     type, 2026-12-04). Without a shipped base, the bench constant (from a shorter recipe; about half today's time).
     """
-    from trace_train.tiny.shipped import shipped_bases
+    from trace_train.tiny.shipped import BASES, shipped_bases
 
     measured: dict[int, list[float]] = {}
-    for shipped in shipped_bases():
+    for shipped in shipped_bases(roots if roots is not None else [BASES]):
         warmup = shipped.recipe.get("warmup") or {}
         if warmup.get("train_seconds") and warmup.get("steps"):
             n = int(shipped.recipe["bootstrap"].get("threads", 1))
@@ -155,10 +167,16 @@ def estimate_base(ctx) -> tuple[float | None, str]:
         return 1.0, "tiny base warm-up cached (by content)"
     from trace_train.tiny.shipped import find_shipped_base
 
-    shipped = find_shipped_base(tiny_base_cache_dir(bcfg).name)
+    try:
+        roots = shipped_roots(b)
+    except ConfigError as exc:
+        return None, str(exc)
+    shipped = find_shipped_base(tiny_base_cache_dir(bcfg).name, roots)
     if shipped is not None:
-        return 2.0, f"tiny base shipped with the project ({shipped.name}): no warm-up"
-    per_step = warmup_seconds_per_step(bcfg.threads)
+        if shipped.path.parent in roots[:1]:
+            return 2.0, f"tiny base shipped with the project ({shipped.name}): no warm-up"
+        return 2.0, f"tiny base shipped in {shipped.path} (base.shipped): no warm-up"
+    per_step = warmup_seconds_per_step(bcfg.threads, roots)
     train = bcfg.max_seconds if bcfg.max_seconds else bcfg.steps * per_step
     budget = f"{train / 60:.0f} min budget" if bcfg.max_seconds else f"{bcfg.steps} steps"
     return SECONDS_BOOTSTRAP_SETUP + train, (f"warm-up of the {bcfg.preset} model on {bcfg.target} "

@@ -139,7 +139,7 @@ def model_env_kwargs_fn(model: str | None, extra: dict | None = None):
 
 #: ``lead_in: auto`` in ``train.options.env_kwargs``: lead-in questions come from the target's request families the
 #: base already answers in the rollout stage, at least this share of at least this many episodes, among the
-#: families that can be asked without a write (:func:`trace_envs.capabilities.base.answer_families`). These are the
+#: families that can be asked without a write (:func:`trace_envs.capabilities.lead_in.answer_families`). These are the
 #: requests an adapter must not lose (L3's "without losing the others"); the families the base fails are the
 #: capabilities' own.
 LEAD_IN_AUTO_MIN_SUCCESS = 0.5
@@ -149,7 +149,7 @@ LEAD_IN_AUTO_MIN_EPISODES = 5
 def auto_lead_in(trajectories: str | Path) -> tuple[list[str], dict[str, list[int]]]:
     """``lead_in: auto`` resolved from the base's rollouts: (the families, ``{family: [wins, episodes]}`` of every
     single-family request the rollouts hold). See :data:`LEAD_IN_AUTO_MIN_SUCCESS`."""
-    from trace_envs.capabilities.base import answer_families
+    from trace_envs.capabilities.lead_in import answer_families
 
     path = Path(trajectories)
     if not path.is_file():
