@@ -65,8 +65,12 @@ GATES_FILE = "gates.safetensors"
 FORMAT_VERSION = 1
 #: How the gates' choices apply (:attr:`ComposedModel.routing`): ``token`` = each token its own choice (the paper's);
 #: ``segment`` = the choice made at the first token of each chat message (``<|im_start|>``) held for the whole
-#: message; ``per_episode`` = one adapter per episode, chosen from the first observation (a baseline).
-ROUTINGS = ("token", "segment", "per_episode")
+#: message; ``per_episode`` = one adapter per episode, chosen by the gates from the first observation (a baseline);
+#: ``per_task`` = one adapter per task chosen by the base (nearest trajectories or zero-shot), the TRACE authors'
+#: routing (:class:`trace_train.compose.routers.PerTaskRouter`).
+ROUTINGS = ("token", "segment", "per_episode", "per_task")
+#: The routings that choose one adapter for a whole episode from its first observation.
+EPISODE_ROUTINGS = ("per_episode", "per_task")
 #: The routings of the gates themselves (``per_episode`` chooses without them).
 GATE_ROUTINGS = ("token", "segment")
 #: The token that opens a chat message (Qwen3's template, the tiny presets' too): where segment routing decides.
@@ -385,9 +389,11 @@ class ComposeSpec:
     gate_input: str = "token"
     gate_weight: str = "prob"
     segment_token_id: int | None = None  # segment routing: the id of SEGMENT_TOKEN in the base's tokenizer
+    task_routing: dict | None = None  # per-task routing: its settings (choice, neighbours, descriptions)
 
     def as_json(self) -> dict:
-        return {"format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
+        extra = {"task_routing": self.task_routing} if self.task_routing is not None else {}
+        return {**extra, "format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
                 "base_sha256": self.base_sha256, "adapters": self.adapters, "target_modules": self.target_modules,
                 "top_k": self.top_k, "base_bias": self.base_bias, "routing": self.routing,
                 "gate_input": self.gate_input, "gate_weight": self.gate_weight,
@@ -548,7 +554,7 @@ class ComposedModel(nn.Module):
             path: a folder holding ``compose.json`` and ``gates.safetensors``.
             check_hashes: refuse a base or adapter whose files changed since composing (recommended).
             top_k: override the saved top-k (e.g. to evaluate a top-1-trained router at top-2).
-            routing: override the saved routing (``"token"`` or ``"per_episode"``).
+            routing: override the saved routing (one of :data:`ROUTINGS`).
             gate_weight: override the saved forward weight of a chosen slot (``"prob"`` or ``"one"``; folders
                 written before the setting existed are ``"prob"``).
         """
@@ -576,7 +582,12 @@ class ComposedModel(nn.Module):
                           gate_weight=gate_weight or raw.get("gate_weight", "prob"))
         model.spec.training = raw.get("training")
         model.spec.segment_token_id = raw.get("segment_token_id")
+        model.spec.task_routing = raw.get("task_routing")
         model.routing = routing or raw.get("routing", "token")
+        from .routers import TASK_INDEX_FILE
+
+        if (path / TASK_INDEX_FILE).is_file():  # per-task routing's retrieval index
+            model.__dict__["task_index"] = load_file(str(path / TASK_INDEX_FILE))
         state = load_file(str(path / GATES_FILE))
         expected = {f"gates.{i}.{k}" for i, g in enumerate(model.gates) for k in g.state_dict()}
         if model.gate_input == "context":
@@ -634,7 +645,8 @@ class ComposedModel(nn.Module):
 
     @property
     def routing(self) -> str:
-        """``"token"`` (the gates route every token) or ``"per_episode"`` (one adapter per episode)."""
+        """``"token"`` (the gates route every token), ``"segment"`` (per message), ``"per_episode"`` or
+        ``"per_task"`` (one adapter per episode: :data:`EPISODE_ROUTINGS`)."""
         return self.spec.routing
 
     @routing.setter
@@ -651,12 +663,16 @@ class ComposedModel(nn.Module):
         return self.spec.segment_token_id
 
     def episode_router(self):
-        """The :class:`~trace_train.compose.PerEpisodeRouter` used when ``routing == "per_episode"``."""
-        if self.__dict__.get("_episode_router") is None:
+        """The router of a routing in :data:`EPISODE_ROUTINGS`: :class:`~trace_train.compose.PerEpisodeRouter`
+        (``per_episode``) or :class:`~trace_train.compose.routers.PerTaskRouter` (``per_task``)."""
+        kept = self.__dict__.get("_episode_router")
+        if kept is None or kept[0] != self.spec.routing:
             from .baselines import PerEpisodeRouter
+            from .routers import PerTaskRouter
 
-            self.__dict__["_episode_router"] = PerEpisodeRouter.for_model(self)
-        return self.__dict__["_episode_router"]
+            cls = PerTaskRouter if self.spec.routing == "per_task" else PerEpisodeRouter
+            kept = self.__dict__["_episode_router"] = (self.spec.routing, cls.for_model(self))
+        return kept[1]
 
     def prefix_scope(self, tokens: Sequence[int]) -> Hashable:
         """Which cached keys/values a sequence may reuse: only those computed for a sequence of the same scope.
@@ -668,12 +684,12 @@ class ComposedModel(nn.Module):
         keys/values for it. Their scope is the chosen slot, so a prefix cache (:class:`trace_train.agents.HFAgent`)
         never hands one episode's keys/values to an episode of another adapter.
         """
-        if self.spec.routing != "per_episode" or self.forced is not None:
+        if self.spec.routing not in EPISODE_ROUTINGS or self.forced is not None:
             return None
         return self.episode_router().slot_for(list(tokens))
 
     def _episode_routing(self, args, kwargs):
-        if self.spec.routing != "per_episode" or self.forced is not None:
+        if self.spec.routing not in EPISODE_ROUTINGS or self.forced is not None:
             return contextlib.nullcontext()
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
@@ -810,9 +826,12 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def is_composed_dir(path: str | Path) -> bool:
-    """True for a folder written by ``trace compose`` (it holds ``compose.json``)."""
-    return (Path(path) / COMPOSE_FILE).is_file()
+    """True for a folder written by ``trace compose``: a composed model (``compose.json``) or an Arrow folder
+    (``arrow.json``); :func:`trace_train.compose.routers.load_composed` loads either."""
+    from .routers import ARROW_FILE
+
+    return (Path(path) / COMPOSE_FILE).is_file() or (Path(path) / ARROW_FILE).is_file()
 
 
 __all__ = ["ComposedModel", "ComposeSpec", "RoutedLoRALinear", "BlockRouter", "Dispatch", "AdapterRef",
-           "is_composed_dir", "COMPOSE_FILE", "GATE_INPUTS", "ROUTINGS", "SEGMENT_TOKEN"]
+           "is_composed_dir", "COMPOSE_FILE", "EPISODE_ROUTINGS", "GATE_INPUTS", "ROUTINGS", "SEGMENT_TOKEN"]
