@@ -196,3 +196,33 @@ def test_the_report_splits_l4_into_single_and_mixed_conversations(tmp_path):
     assert "L4 on single and mixed conversations (6 single, 6 mixed" in text
     assert "| per_episode | 1.000 | 1.000 | 0.000 | 0.500 | +0.000" in text
     assert "| flight_status | 200 | 0.00 | 0.90 | 0.10 |" in text and "5 of 6 such pairs" in text
+
+
+def test_the_evaluate_stage_plays_the_mix_and_scores_it_per_kind(tmp_path):
+    """``evaluate.mixed`` in a run: the held-out seeds are the mix's (a third mixed at least), every conversation is
+    played with bundles on, and each method's row scores single and mixed conversations apart."""
+    from trace_train.pipeline import Context
+    from trace_train.pipeline.config import config_from_dict
+    from trace_train.pipeline.stages.evaluate import run_evaluate
+    from trace_train.rollouts import read_trajectories
+
+    base = {"kind": "scripted", "agent": "tau:noisy", "agent_kwargs": {"p": 0.5, "capabilities": ["multi_step_completion"]}}
+    cfg = config_from_dict({"out": str(tmp_path / "run"), "base": base,
+                            "rollout": {"targets": [TARGET], "seeds": "1000:1002", "env_kwargs": KWARGS},
+                            "train": {"model": "/nonexistent"},
+                            "evaluate": {"seeds": "0:9", "methods": ["base"], "env_seeds": 0,
+                                         "mixed": {"families": ["flight_status", "cancel"]}}})
+    state = {"stages": {"base": {"status": "done", "summary": {}}, "train": {"status": "pending"},
+                        "compose": {"status": "pending"}}}
+    run_evaluate(Context(cfg, tmp_path / "run", state, progress=False))
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    mix = results["mix"]
+    assert mix["mixed"] == 4 and mix["single"] == 5 and len(mix["seeds"]) == 9  # ceil(0.34 · 9) = 4
+    played = read_trajectories(tmp_path / "run" / "eval" / "base" / "trajectories.jsonl")
+    assert sorted(r["seed"] for r in played) == mix["seeds"]
+    for r in played:
+        families = r["task"]["families"]
+        assert (mix["kinds"][str(r["seed"])] == "mixed") == ({"flight_status", "cancel"} <= set(families))
+    row = results["methods"]["base"]["mix"]
+    assert row["mixed"]["conversations"] == 4 and row["single"]["conversations"] == 5
+    assert row["mixed"]["requests"] >= 8 and 0.0 <= row["mixed"]["request_success"] <= 1.0

@@ -362,7 +362,8 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     e, r = ctx.cfg.evaluate, ctx.cfg.rollout
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
-    methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
+    composers = len((ctx.cfg.compose.options or {}).get("composers") or [])  # per_task, arrow: rows of their own
+    methods = 1 + (len(e.methods) - 2) + k + composers  # base + the other rows (one per adapter)
     warmups = "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0
     if warmups:
         methods += k  # each GRPO run's SFT warm-up is a row of its own (the L1 transfer ceiling)
@@ -372,8 +373,13 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     fast = _fast_decode(ctx)
     # Rows that decode with generate() whatever base.decode says: per-episode routing. (A MoE with context gates
     # takes the fast loop too, re-encoding each prompt after the shared prefix: its running sums are not stored.)
-    composer = int("per_episode" in e.methods)
+    # Per-task routing and Arrow decode with generate() too (one adapter per row; a LoRA variant).
+    composer = int("per_episode" in e.methods) + composers
     per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
+    if e.mixed:  # a mixed conversation holds two or three requests: about twice the turns of a single one
+        from ..config import mixed_settings
+
+        per_method = [s * (1 + mixed_settings(e.mixed)["share"]) for s in per_method]
     workers = min(e.workers, methods)
     seconds = math.ceil(methods / workers) * sum(per_method) / methods
     note = f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else "")
