@@ -117,7 +117,7 @@ def main() -> None:
     methods: dict[str, tuple[str, str | None]] = {"base": (base, None)}
     methods |= {f"adapter:{f}": (base, a) for f, a in adapters.items()}
     moes = {}
-    for gate_input in ("token", "context"):
+    for gate_input in ("token", "context", "request"):
         for routing in ("token", "segment"):
             name = f"moe:{gate_input} gates" + (", per message" if routing == "segment" else "")
             extra = {"baselines": ["per_episode"], "composers": ["per_task", "arrow"], "arrow_top_k": 1} \

@@ -226,3 +226,99 @@ def test_the_evaluate_stage_plays_the_mix_and_scores_it_per_kind(tmp_path):
     row = results["methods"]["base"]["mix"]
     assert row["mixed"]["conversations"] == 4 and row["single"]["conversations"] == 5
     assert row["mixed"]["requests"] >= 8 and 0.0 <= row["mixed"]["request_success"] <= 1.0
+
+
+@pytest.fixture(scope="module")
+def request_gated(tmp_path_factory):
+    """A composed model over two random LoRAs whose gates read the request being served (gates spread over the
+    slots, context centres fitted), and a conversation with a tool result between two requests."""
+    torch = pytest.importorskip("torch")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_train.compose import ComposedModel
+    from trace_train.tiny.build import build_model
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("request-gates")
+    base = str(build_model("nano", out=tmp_path_factory.getbasetemp() / "nano-model",
+                           env_ids=["trace/precondition_verification-v0"], corpus_seeds=4).path)
+    adapters = {}
+    for i, name in enumerate(("status", "cancel")):
+        torch.manual_seed(i)
+        peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                                    LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        peft_model.save_pretrained(str(root / name))
+        adapters[name] = str(root / name)
+    model = ComposedModel.build(base, adapters, gate_input="request")
+    tok = AutoTokenizer.from_pretrained(base)
+    messages = [{"role": "system", "content": "You are an airline agent."},
+                {"role": "user", "content": "Is flight HAT001 on time?"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": {"name": "get_flight", "arguments": {"id": "H"}}}]},
+                {"role": "tool", "content": '{"status": "landed"}'},
+                {"role": "assistant", "content": "It has landed."},
+                {"role": "user", "content": "Please cancel reservation ABC123."}]
+    ids = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+              add_special_tokens=False).input_ids
+    model.fit_context_centers([ids])
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for g in model.gates:
+            g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * 2.0 / g.weight.shape[1] ** 0.5)
+            g.bias.zero_()
+    return model, tok, ids
+
+
+def test_request_gates_restart_their_mean_at_each_request_and_not_at_a_tool_result(request_gated):
+    """What a ``request`` gate's context is at each token: the mean of the block's normalised inputs since the last
+    user message that is not a tool result (from the sequence start before the first one)."""
+    import torch
+
+    from trace_train.compose.model import _rms
+
+    model, tok, ids = request_gated
+    marker, tool = model.spec.request_marker
+    starts = [i for i in range(len(ids)) if ids[i:i + len(marker)] == marker
+              and ids[i + len(marker):i + len(marker) + len(tool)] != tool]
+    tools = [i for i in range(len(ids)) if ids[i:i + len(marker) + len(tool)] == marker + tool]
+    assert len(starts) == 2 and len(tools) == 1  # the two requests; the tool result does not restart
+    model.capture_context = model.capture_inputs = True
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]), use_cache=False)
+        hidden = model.context_centers.shape[1]
+        for router in model.routers:
+            x, got = router.raw_input[0, :, :hidden], router.raw_context[0]
+            for t in range(len(ids)):
+                r = max([s for s in starts if s <= t], default=0)
+                want = _rms(x[r:t + 1].mean(0))
+                assert torch.allclose(got[t], want, atol=1e-4), (router.index, t)
+    finally:
+        model.capture_context = model.capture_inputs = False
+        for router in model.routers:
+            router.raw_context = router.raw_input = None
+
+
+def test_request_gates_decode_under_a_kv_cache_as_without_one(request_gated):
+    """``generate`` carries each row's running mean since its request between decoding steps: its greedy tokens are
+    those of re-reading the whole sequence at every step. The fast decode loop does not take request gates (the
+    agent falls back to ``generate``)."""
+    import torch
+
+    from trace_train.tiny.fast_decode import supported
+
+    model, tok, ids = request_gated
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                             pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):]
+        seq = list(ids)
+        for _ in range(8):
+            seq.append(int(model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
+        model.keep_choices = True
+        model(input_ids=torch.tensor([seq]), use_cache=False)
+        used = set(torch.cat([r.choice.flatten() for r in model.routers]).tolist())
+        model.keep_choices = False
+    assert out.tolist() == seq[len(ids):]
+    assert {1, 2} <= used  # the gates do route to both adapters
+    assert model.stateful_routing and supported(model) == (False, "request gates")

@@ -33,9 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="trajectory JSONL files or folders (without: fresh gates, i.e. the base model)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--top-k", type=int, default=1, help="slots per token (default: 1; 2 or 4 for the ablation)")
-    p.add_argument("--gate-input", choices=("token", "context"), default="token",
-                   help="what each gate reads: the block input at the token (default, the paper's gate) or that "
-                        "and the causal mean of the block inputs so far (for shallow models)")
+    p.add_argument("--gate-input", choices=("token", "context", "request"), default="token",
+                   help="what each gate reads: the block input at the token (default, the paper's gate), that "
+                        "and the causal mean of the block inputs so far (context; for shallow models), or that mean "
+                        "restarted at each user request (request; so a conversation's second request can switch)")
     p.add_argument("--gate-weight", choices=("prob", "one"), default="prob",
                    help="forward weight of a chosen slot's update: its gate probability (default, the paper's "
                         "gating) or one (top-1 adds the adapter's whole update; straight-through gradient)")

@@ -113,7 +113,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         base_bias: initial bias of the base slot.
         gate_input: what the gates read: ``"token"`` (the block input at the token, the paper's gate) or
             ``"context"`` (and the causal mean of the block inputs so far; for shallow models whose token
-            states do not carry the task). See :mod:`trace_train.compose.model`.
+            states do not carry the task), or ``"request"`` (that mean restarted at each user message that is
+            not a tool result: the request being served). See :mod:`trace_train.compose.model`.
         gate_weight: the forward weight of a chosen slot's update: ``"prob"`` (its gate probability: the paper's
             multiplicative gating) or ``"one"`` (renormalised over the chosen slots, so top-1 adds the whole
             update; straight-through gradient). See :data:`trace_train.compose.model.GATE_WEIGHTS`.
