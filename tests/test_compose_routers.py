@@ -110,9 +110,12 @@ def test_per_task_routing_by_nearest_trajectories_takes_the_right_adapter_for_th
     from trace_train.agents import HFAgent
 
     res = compose(pair["base"], pair["adapters"], pair["data"], pair["root"] / "nearest", baselines=[],
-                  adapter_envs=pair["envs"], composers=["per_task"], task_neighbours=3,
+                  adapter_envs=pair["envs"], composers=["per_task", "top2", "top4"], task_neighbours=3,
                   train={"epochs": 1}, progress=False)
     methods = json.loads(res.methods_json.read_text())
+    # The MoE's own gates at top-2 (its ablation row); top-4 needs more than K + 1 = 3 slots and is skipped.
+    assert "top4" not in methods and json.loads((res.baselines["top2"] / "compose.json").read_text())["top_k"] == 2
+    assert HFAgent(methods["top2"]["model"], max_new_tokens=2).model.top_k == 2
     folder = methods["per_task"]["model"]
     spec = json.loads((res.baselines["per_task"] / "compose.json").read_text())
     assert spec["routing"] == "per_task" and spec["task_routing"] == {"choice": "nearest", "neighbours": 3}

@@ -59,9 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep adapters whose LoRA update is exactly zero (default: left out, they are the base slot)")
     p.add_argument("--baselines", nargs="*", default=["linear", "ties", "per_episode"],
                    help="baselines to build (default: linear ties per_episode; none: pass the flag alone)")
-    p.add_argument("--composers", nargs="*", default=[], choices=("per_task", "arrow"),
-                   help="routers of the field to build beside the MoE: per_task (the TRACE authors' routing: one "
-                        "adapter per task, chosen by the base) and arrow (PEFT's Arrow); default: none")
+    p.add_argument("--composers", nargs="*", default=[], choices=("per_task", "arrow", "top2", "top4"),
+                   help="routers to build beside the MoE: per_task (the TRACE authors' routing: one adapter per task, "
+                        "chosen by the base), arrow (PEFT's Arrow), top2 / top4 (the MoE's gates at top-2 / top-4); "
+                        "default: none")
     p.add_argument("--task-choice", choices=("nearest", "zero_shot"), default="nearest",
                    help="per_task: choose by the nearest successful trajectories of --data (default) or by the "
                         "base's zero-shot answer")

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 BASELINES = ("linear", "ties", "per_episode")
 #: Routers of the field built on request (``composers``): the TRACE authors' per-task routing and PEFT's Arrow
 #: (:mod:`trace_train.compose.routers`).
-COMPOSERS = ("per_task", "arrow")
+COMPOSERS = ("per_task", "arrow", "top2", "top4")
 
 
 @dataclass
@@ -137,7 +137,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             ``baselines/`` and listed in ``methods.json``: ``per_task``, the TRACE authors' routing (one adapter
             per task chosen by the base, then applied to the whole task: a composed folder with routing
             ``per_task``), and ``arrow``, PEFT's Arrow (per-token routing by the adapters' own singular vectors,
-            no router training). See :mod:`trace_train.compose.routers`.
+            no router training), and ``top2`` / ``top4``: the composed model with the same gates at top-2 / top-4
+            (the paper's ablation, on the router trained at ``top_k``; skipped where K + 1 slots are fewer). See
+            :mod:`trace_train.compose.routers`.
         task_choice: how per-task routing chooses: ``nearest`` (the successful trajectories whose first request
             the base reads most alike; needs ``data``) or ``zero_shot`` (the base answers a multiple-choice
             question over ``task_descriptions``).
@@ -259,7 +261,19 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         result.baselines[method] = folder
     for method in composers:
         folder = out / "baselines" / method
-        if method == "arrow":
+        if method in ("top2", "top4"):
+            k = int(method[3:])
+            if k > len(named) + 1 or k == top_k:
+                logger.warning("composer %s skipped: %s", method, f"only {len(named) + 1} slots"
+                               if k > len(named) + 1 else f"the composed model is already top-{k}")
+                continue
+            if folder.exists():
+                shutil.rmtree(folder)
+            shutil.copytree(out, folder, ignore=shutil.ignore_patterns("baselines", "*.png", "*.csv", "methods.json"))
+            spec = json.loads((folder / COMPOSE_FILE).read_text())
+            spec["top_k"] = k
+            (folder / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        elif method == "arrow":
             from .routers import write_arrow
 
             try:

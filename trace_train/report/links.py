@@ -218,7 +218,8 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
 
 
 #: The order of the split table's rows: the MoE, the routers beside it, the merges and single-model baselines.
-SPLIT_ORDER = ("trace_moe", "per_episode", "per_task", "arrow", "merge_linear", "merge_ties", "multi", "sft", "base")
+SPLIT_ORDER = ("trace_moe", "top2", "top4", "per_episode", "per_task", "arrow", "merge_linear", "merge_ties", "multi",
+               "sft", "base")
 
 
 def _split(methods: dict, records_of: Any, families: list[str], n_boot: int, seed: int) -> list[dict]:

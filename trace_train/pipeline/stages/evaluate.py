@@ -118,7 +118,8 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
     # The routers of the field (compose.options.composers): rows wherever the compose stage built them.
     for key, label in (("per_task", "the authors' per-task routing (one adapter per task, chosen by the base)"),
-                       ("arrow", "PEFT's Arrow routing (per token, no router training)")):
+                       ("arrow", "PEFT's Arrow routing (per token, no router training)"),
+                       ("top2", "TRACE MoE at top-2 (its gates)"), ("top4", "TRACE MoE at top-4 (its gates)")):
         m = methods.get(key)
         if m:
             rows.append((key, label, hf(m["model"], m["adapter"]), total_adapter_rollouts, ""))
