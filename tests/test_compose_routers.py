@@ -207,3 +207,19 @@ def test_arrow_folder_refuses_changed_adapters_and_bad_settings(pair, tmp_path):
         compose(pair["base"], pair["adapters"], None, tmp_path / "c", composers=["router"], progress=False)
     with pytest.raises(ComposeError, match="nearest trajectories needs trajectories"):
         compose(pair["base"], pair["adapters"], None, tmp_path / "c", composers=["per_task"], progress=False)
+
+
+def test_the_cli_builds_the_composers(pair, tmp_path):
+    from trace_train.cli import main
+
+    adapters = [f"{n}={p}" for n, p in pair["adapters"].items()]
+    envs = [f"--adapter-env={n}=fam/{n}-v0" for n in pair["adapters"]]
+    out = tmp_path / "cli"
+    assert main(["compose", "--base", pair["base"], "--adapters", *adapters, "--data", str(pair["data"]), "--out",
+                 str(out), "--epochs", "1", "--composers", "per_task", "arrow", "--arrow-top-k", "1",
+                 "--task-neighbours", "3", "--no-progress", *envs, "--baselines"]) == 0
+    methods = json.loads((out / "methods.json").read_text())
+    assert {"composed", "per_task", "arrow"} <= set(methods)
+    assert json.loads((out / "baselines" / "arrow" / "arrow.json").read_text())["top_k"] == 1
+    assert main(["compose", "--base", pair["base"], "--adapters", *adapters, "--out", str(tmp_path / "bad"),
+                 "--composers", "per_task", "--no-progress"]) == 2  # nearest needs --data: one line, nothing lost

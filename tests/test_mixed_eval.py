@@ -206,7 +206,8 @@ def test_the_evaluate_stage_plays_the_mix_and_scores_it_per_kind(tmp_path):
     from trace_train.pipeline.stages.evaluate import run_evaluate
     from trace_train.rollouts import read_trajectories
 
-    base = {"kind": "scripted", "agent": "tau:noisy", "agent_kwargs": {"p": 0.5, "capabilities": ["multi_step_completion"]}}
+    base = {"kind": "scripted", "agent": "tau:noisy",
+            "agent_kwargs": {"p": 0.5, "capabilities": ["multi_step_completion"]}}
     cfg = config_from_dict({"out": str(tmp_path / "run"), "base": base,
                             "rollout": {"targets": [TARGET], "seeds": "1000:1002", "env_kwargs": KWARGS},
                             "train": {"model": "/nonexistent"},

@@ -10,8 +10,9 @@ Builds the composed model (one gate per block over base + K adapters, top-1 mult
 trains only the gates on the successful episodes of --data (next-token loss through p_top, Switch
 load balancing, label loss toward the adapter of each episode's env), writes it with its routing
 statistics (routing.csv, routing.png), and the baselines: PEFT's linear and TIES merges and per-episode
-routing; with --composers, the TRACE authors' per-task routing (one adapter per task chosen by the base) and
-PEFT's Arrow (per-token routing by the adapters' singular vectors, no training). ``OUT/methods.json`` lists how to run each one (``trace rollout --agent hf --model ...``).
+routing; with --composers, the TRACE authors' per-task routing (one adapter per task chosen by the base),
+PEFT's Arrow (per-token routing by the adapters' singular vectors, no training) and the MoE at top-2/top-4.
+``OUT/methods.json`` lists how to run each one (``trace rollout --agent hf --model ...``).
 An adapter's name (its folder, or the parent of a folder called ``adapter``; or NAME=DIR) labels the
 episodes of the env with that capability; --adapter-env NAME=ENV_ID adds others.
 """
@@ -66,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--task-choice", choices=("nearest", "zero_shot"), default="nearest",
                    help="per_task: choose by the nearest successful trajectories of --data (default) or by the "
                         "base's zero-shot answer")
-    p.add_argument("--task-neighbours", type=int, default=5, help="per_task nearest: trajectories that vote (default 5)")
+    p.add_argument("--task-neighbours", type=int, default=5,
+                   help="per_task nearest: trajectories that vote (default 5)")
     p.add_argument("--task-description", action="append", default=[], metavar="NAME=TEXT",
                    help="per_task zero_shot: the option text of adapter NAME (default: its name as words; repeatable)")
     p.add_argument("--arrow-top-k", type=int, default=3, help="arrow: adapters mixed per token (default: 3, at most K)")

@@ -675,7 +675,8 @@ class ComposedModel(nn.Module):
         caches off)."""
         if self.forced is not None:
             return False
-        return self.spec.routing == "segment" or (self.spec.gate_input in CONTEXT_INPUTS and self.spec.routing == "token")
+        return self.spec.routing == "segment" or (self.spec.gate_input in CONTEXT_INPUTS
+                                                  and self.spec.routing == "token")
 
     @contextlib.contextmanager
     def _token_mask(self, kwargs) -> Iterator[None]:

@@ -290,7 +290,8 @@ def _sentence(link: str, entry: dict) -> str:
         by_key = {row["method"]: row for row in entry.get("split") or []}
         versus = [f"{name} {_fmt(by_key[key].get('moe_minus_mixed'))} on mixed and "
                   f"{_fmt(by_key[key].get('moe_minus_single'))} on single conversations"
-                  for key, name in (("per_episode", "per-episode routing"), ("per_task", "the authors' per-task routing"))
+                  for key, name in (("per_episode", "per-episode routing"),
+                                    ("per_task", "the authors' per-task routing"))
                   if key in by_key]
         if versus:
             text += " MoE − " + "; MoE − ".join(versus) + "."
