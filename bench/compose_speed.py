@@ -12,7 +12,13 @@ Models: the ``tiny`` preset (trace_train.tiny) and ``100m``, a random Qwen3 conf
 every projection of every block, the costliest layout). The composed model's gates are set so that
 every token goes to one of the K experts (none to the base slot), spread over all of them: each token
 pays for exactly one adapter, the same LoRA work as the anchor, so the ratio shows the routing overhead.
-Timings are medians over ``--repeats`` interleaved runs (variants take turns). With one CPU thread
+Timings are medians over ``--repeats`` interleaved runs (variants take turns).
+
+``--fast`` adds a second table on the configs the hand-written decode loop takes
+(:mod:`trace_train.tiny.fast_decode`): generation throughput of one PEFT LoRA on that loop (the anchor of the
+table) against the composed model with context gates (each gate also reads the centred running mean of its
+block's inputs; centres fitted on the prefill inputs) on the same loop, and the same composed model through
+``generate``, whose KV cache the context gates' running sums also ride on. With one CPU thread
 (the default) the clock is the process's CPU time, so other jobs on a shared machine do not enter the
 measurement; with more threads or on CUDA it is wall time.
 
@@ -21,6 +27,7 @@ Usage::
     python bench/compose_speed.py                        # tiny and 100m, K = 2 4 8
     python bench/compose_speed.py --configs tiny --ks 4 --repeats 9
     python bench/compose_speed.py --device cuda --threads 0
+    python bench/compose_speed.py --configs tiny --ks 2 4 --fast --no-xlora   # + context gates on the fast loop
 """
 
 from __future__ import annotations
@@ -112,6 +119,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1; 0 = leave alone)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--no-xlora", action="store_true", help="skip PEFT's X-LoRA")
+    parser.add_argument("--fast", action="store_true",
+                        help="also time context-gated composed models on the fast decode loop against one LoRA on it")
     parser.add_argument("--work", help="folder for the built models and adapters (default: a temp folder)")
     args = parser.parse_args()
 
@@ -144,7 +153,7 @@ def main() -> None:
           f"{'process CPU time' if clock is time.process_time else 'wall time'}; LoRA rank {args.rank} on {len(TARGETS)} "
           f"projections per block; prefill {args.batch} x {args.length} tokens, generate {args.batch} x "
           f"{args.new_tokens} new tokens after {args.prompt}; median of {args.repeats}\n")
-    summary = []
+    summary, fast_summary = [], []
     for config in args.configs:
         base = base_model(config, root)
         plain = AutoModelForCausalLM.from_pretrained(base).to(device).eval()
@@ -213,9 +222,69 @@ def main() -> None:
             print(f"  composed K={k}: share of tokens per slot (base first): "
                   + " ".join(f"{s:.2f}" for s in shares))
         print()
+        if args.fast:
+            fast_summary += fast_table(args, base, adapters, prefill_ids, prompt_ids, one_lora, timed, config)
     print("composed top-1 vs one LoRA (time ratios; goal <= 1.10 at K=4 on 100m):")
     for config, name, rp, rg in summary:
         print(f"  {config:<5} {name:<22} prefill {rp:.2f}x  generation {rg:.2f}x")
+    if fast_summary:
+        print("context-gated composed top-1 on the fast loop vs one LoRA on the fast loop (generation time ratios):")
+        for config, name, r in fast_summary:
+            print(f"  {config:<5} {name:<34} {r:.2f}x")
+
+
+def fast_table(args, base, adapters, prefill_ids, prompt_ids, one_lora, timed, config) -> list[tuple[str, str, float]]:
+    """Generation on the fast decode loop: one LoRA (anchor) against context-gated composed models (and the same
+    composed models through ``generate``). Returns (config, variant, time ratio against the anchor) per composed
+    fast-loop row; prints the table. Configs the loop does not take are reported and skipped."""
+    import torch
+
+    from trace_train.compose import ComposedModel
+    from trace_train.tiny.fast_decode import FastDecoder, supported
+
+    ok, why = supported(one_lora)
+    if not ok or args.device != "cpu":
+        print(f"== {config}: fast loop skipped ({why or 'the fast loop runs on the CPU'})\n")
+        return []
+    prompts = prompt_ids.tolist()
+    n_tokens = args.batch * args.new_tokens
+    # Every row runs to --new-tokens (no stop token), as min_new_tokens does for generate() above.
+    loops = {"one LoRA (PEFT), fast loop": FastDecoder(one_lora, store_limit=0)}
+    hf = {}
+    for k in args.ks:
+        composed = ComposedModel.build(base, adapters[:k], device=args.device, gate_input="context").eval()
+        spread_gates(composed)
+        composed.fit_context_centers(prefill_ids.tolist()[:2])
+        loops[f"context gates K={k}, fast loop"] = FastDecoder(composed, store_limit=0)
+        hf[f"context gates K={k}, generate"] = composed
+
+    def run_fast(decoder):
+        return lambda: decoder.generate(prompts, args.new_tokens, eos_ids=[])
+
+    def run_hf(model):
+        return lambda: model.generate(prompt_ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                      do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt_ids))
+
+    runs = {n: run_fast(d) for n, d in loops.items()} | {n: run_hf(m) for n, m in hf.items()}
+    times = {n: [] for n in runs}
+    with torch.inference_mode():
+        for fn in runs.values():
+            fn()  # warm-up
+        for _ in range(args.repeats):
+            for name, fn in runs.items():
+                times[name].append(timed(fn))
+    anchor = statistics.median(times["one LoRA (PEFT), fast loop"])
+    print(f"== {config}: generation, {args.batch} x {args.new_tokens} new tokens after {args.prompt} "
+          "(anchor: one LoRA on the fast loop)")
+    print(f"{'variant':<34} {'gen tok/s':>10} {'vs LoRA':>8}")
+    out = []
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        print(f"{name:<34} {n_tokens / t:>10.1f} {t / anchor:>7.2f}x")
+        if name.endswith("fast loop") and name.startswith("context"):
+            out.append((config, name, t / anchor))
+    print()
+    return out
 
 
 if __name__ == "__main__":

@@ -325,10 +325,10 @@ class HFAgent:
             torch.manual_seed(seed)
         if isinstance(model, str):
             self.model_path = model
-            from trace_train.compose import ComposedModel, is_composed_dir
+            from trace_train.compose import is_composed_dir, load_composed
 
-            if is_composed_dir(model):  # `trace compose` output: base + adapters + gates, loaded as one model
-                model_obj = ComposedModel.from_pretrained(model, dtype=dtype or torch.float32)
+            if is_composed_dir(model):  # `trace compose` output (a composed model, or PEFT's Arrow over adapters)
+                model_obj = load_composed(model, dtype=dtype or torch.float32)
             else:
                 model_obj = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
         else:

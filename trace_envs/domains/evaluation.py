@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 from ..core.tools import ToolSet
 from .db import Layer, same_state
-from .task import TauTask
+from .task import Call, TauTask
 
 
 def _normalize(text: str) -> str:
@@ -99,7 +99,32 @@ def evaluate_task(task: TauTask, agent_db: Layer, messages: list[dict],
         matched = [any(n == g.name and a == g.arguments for n, a in done) for g in task.gold_writes]
         breakdown["action"] = float(all(matched))
         reward *= breakdown["action"]
+    if len(task.requests) > 1 and not tau2_compat:  # a bundle: which of its requests were handled
+        breakdown["requests"] = request_outcomes(task, messages)
     return reward, breakdown
+
+
+def request_outcomes(task: TauTask, messages: list[dict]) -> list[dict]:
+    """Each request of ``task`` scored on its own, in the user's order: ``{"kind", "decision", "ok"}``.
+
+    A request passes when its gold write (``act``) was made with the gold arguments, the write it must not make
+    (a refusal's ``forbidden_write``, a misreading's ``wrong_write``) was not, and its facts were said to the user.
+    The conversation's reward asks more: the database equal to the gold one (no other change), every fact of every
+    request. This is what a bundle's reward cannot say: which of its requests the agent got right.
+    """
+    done = successful_calls(messages)
+
+    def made(call: Call | None) -> bool:
+        return call is not None and any(n == call.name and a == call.arguments for n, a in done)
+
+    out = []
+    for request in task.requests:
+        ok = all(communicated(request.communicate, messages).values()) if request.communicate else True
+        if request.decision == "act":
+            ok = ok and made(request.write)
+        ok = ok and not made(request.forbidden_write) and not made(request.wrong_write)
+        out.append({"kind": request.kind, "decision": request.decision, "ok": bool(ok)})
+    return out
 
 
 def pass_hat_k(successes_per_task: Iterable[tuple[int, int]], k: int) -> float:

@@ -4,12 +4,15 @@
         --out runs/x/compose
     trace compose --base MODEL --adapters precondition_verification=A1 tool_calling_precision=A2 \\
         --data TRAJ.jsonl --out OUT --top-k 2 --epochs 3 --baselines linear ties
+    trace compose ... --composers per_task arrow --task-choice nearest --arrow-top-k 1   # routers of the field
 
 Builds the composed model (one gate per block over base + K adapters, top-1 multiplicative routing),
 trains only the gates on the successful episodes of --data (next-token loss through p_top, Switch
 load balancing, label loss toward the adapter of each episode's env), writes it with its routing
 statistics (routing.csv, routing.png), and the baselines: PEFT's linear and TIES merges and per-episode
-routing. ``OUT/methods.json`` lists how to run each one (``trace rollout --agent hf --model ...``).
+routing; with --composers, the TRACE authors' per-task routing (one adapter per task chosen by the base),
+PEFT's Arrow (per-token routing by the adapters' singular vectors, no training) and the MoE at top-2/top-4.
+``OUT/methods.json`` lists how to run each one (``trace rollout --agent hf --model ...``).
 An adapter's name (its folder, or the parent of a folder called ``adapter``; or NAME=DIR) labels the
 episodes of the env with that capability; --adapter-env NAME=ENV_ID adds others.
 """
@@ -31,9 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="trajectory JSONL files or folders (without: fresh gates, i.e. the base model)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--top-k", type=int, default=1, help="slots per token (default: 1; 2 or 4 for the ablation)")
-    p.add_argument("--gate-input", choices=("token", "context"), default="token",
-                   help="what each gate reads: the block input at the token (default, the paper's gate) or that "
-                        "and the causal mean of the block inputs so far (for shallow models)")
+    p.add_argument("--gate-input", choices=("token", "context", "request"), default="token",
+                   help="what each gate reads: the block input at the token (default, the paper's gate), that "
+                        "and the causal mean of the block inputs so far (context; for shallow models), or that mean "
+                        "restarted at each user request (request; so a conversation's second request can switch)")
     p.add_argument("--gate-weight", choices=("prob", "one"), default="prob",
                    help="forward weight of a chosen slot's update: its gate probability (default, the paper's "
                         "gating) or one (top-1 adds the adapter's whole update; straight-through gradient)")
@@ -56,6 +60,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep adapters whose LoRA update is exactly zero (default: left out, they are the base slot)")
     p.add_argument("--baselines", nargs="*", default=["linear", "ties", "per_episode"],
                    help="baselines to build (default: linear ties per_episode; none: pass the flag alone)")
+    p.add_argument("--composers", nargs="*", default=[], choices=("per_task", "arrow", "top2", "top4"),
+                   help="routers to build beside the MoE: per_task (the TRACE authors' routing: one adapter per task, "
+                        "chosen by the base), arrow (PEFT's Arrow), top2 / top4 (the MoE's gates at top-2 / top-4); "
+                        "default: none")
+    p.add_argument("--task-choice", choices=("nearest", "zero_shot"), default="nearest",
+                   help="per_task: choose by the nearest successful trajectories of --data (default) or by the "
+                        "base's zero-shot answer")
+    p.add_argument("--task-neighbours", type=int, default=5,
+                   help="per_task nearest: trajectories that vote (default 5)")
+    p.add_argument("--task-description", action="append", default=[], metavar="NAME=TEXT",
+                   help="per_task zero_shot: the option text of adapter NAME (default: its name as words; repeatable)")
+    p.add_argument("--arrow-top-k", type=int, default=3, help="arrow: adapters mixed per token (default: 3, at most K)")
+    p.add_argument("--arrow-temperature", type=float, default=1.0, help="arrow: router temperature (default: 1.0)")
     p.add_argument("--min-reward", type=float, help="successful = reward >= this (default: the success flag)")
     p.add_argument("--max-length", type=int, default=4096, help="tokens per episode at most (default: 4096)")
     p.add_argument("--stats-episodes", type=int, default=64, help="episodes per env for routing stats (default: 64)")
@@ -76,6 +93,12 @@ def cmd_compose(args) -> int:
             raise CommandError(f"--adapter-env {pair!r} must look like NAME=ENV_ID")
         name, env = pair.split("=", 1)
         adapter_envs.setdefault(name, []).append(env)
+    descriptions: dict[str, str] = {}
+    for pair in args.task_description:
+        if "=" not in pair:
+            raise CommandError(f"--task-description {pair!r} must look like NAME=TEXT")
+        name, text = pair.split("=", 1)
+        descriptions[name] = text
     try:
         cfg = RouterTrainConfig(epochs=args.epochs, lr=args.lr, load_balance_coef=args.load_balance_coef,
                                 label_coef=args.label_coef, accumulate=args.accumulate,
@@ -87,6 +110,9 @@ def cmd_compose(args) -> int:
                          threads=args.threads or None,
                          device=args.device,
                          base_envs=args.base_env, drop_zero_updates=not args.keep_zero_updates,
+                         composers=args.composers, task_choice=args.task_choice,
+                         task_neighbours=args.task_neighbours, task_descriptions=descriptions or None,
+                         arrow_top_k=args.arrow_top_k, arrow_temperature=args.arrow_temperature,
                          progress=not args.no_progress)
     except ComposeError as exc:
         raise CommandError(str(exc)) from exc

@@ -7,6 +7,8 @@ Reads the K capability adapters (``trace train`` outputs) and trajectory files, 
     <out>/routing.csv, routing.png                           share of tokens per expert, per env and role
     <out>/baselines/linear/, baselines/ties/                 PEFT merges (adapter folders)
     <out>/baselines/per_episode/                             one adapter per episode (a composed folder)
+    <out>/baselines/per_task/                                the authors' per-task routing (``composers``)
+    <out>/baselines/arrow/                                   PEFT's Arrow routing (``composers``)
     <out>/methods.json                                       how to load every method for `trace eval`
 
 ``methods.json`` maps a method name to ``{"model": ..., "adapter": ...}``, the arguments of
@@ -31,6 +33,9 @@ from .train import RouterTrainConfig, routing_stats, train_router, write_routing
 logger = logging.getLogger(__name__)
 
 BASELINES = ("linear", "ties", "per_episode")
+#: Routers of the field built on request (``composers``): the TRACE authors' per-task routing and PEFT's Arrow
+#: (:mod:`trace_train.compose.routers`).
+COMPOSERS = ("per_task", "arrow", "top2", "top4")
 
 
 @dataclass
@@ -83,7 +88,9 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             base_bias: float = 5.0, gate_input: str = "token", threads: int | None = 1, device: str = "cpu",
             base_envs: Sequence[str] = (), drop_zero_updates: bool = True,
             leave_out: Mapping[str, str] | None = None, gate_weight: str = "prob", routing: str = "token",
-            progress: bool = True) -> ComposeResult:
+            composers: Sequence[str] = (), task_choice: str = "nearest", task_neighbours: int = 5,
+            task_descriptions: Mapping[str, str] | None = None, arrow_top_k: int = 3,
+            arrow_temperature: float = 1.0, progress: bool = True) -> ComposeResult:
     """Compose K capability adapters into one token-routed model and write it with its baselines.
 
     Args:
@@ -106,7 +113,8 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         base_bias: initial bias of the base slot.
         gate_input: what the gates read: ``"token"`` (the block input at the token, the paper's gate) or
             ``"context"`` (and the causal mean of the block inputs so far; for shallow models whose token
-            states do not carry the task). See :mod:`trace_train.compose.model`.
+            states do not carry the task), or ``"request"`` (that mean restarted at each user message that is
+            not a tool result: the request being served). See :mod:`trace_train.compose.model`.
         gate_weight: the forward weight of a chosen slot's update: ``"prob"`` (its gate probability: the paper's
             multiplicative gating) or ``"one"`` (renormalised over the chosen slots, so top-1 adds the whole
             update; straight-through gradient). See :data:`trace_train.compose.model.GATE_WEIGHTS`.
@@ -125,6 +133,20 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
         leave_out: adapter name -> reason: adapters to leave out in the same way, on the caller's judgement
             (``trace run`` with ``compose.drop_unimproved``: no checkpoint did better than the base on its env's
             validation seeds). As with zero updates, when every adapter would be left out, none is.
+        composers: routers of the field to build beside the MoE (:data:`COMPOSERS`), each written under
+            ``baselines/`` and listed in ``methods.json``: ``per_task``, the TRACE authors' routing (one adapter
+            per task chosen by the base, then applied to the whole task: a composed folder with routing
+            ``per_task``), and ``arrow``, PEFT's Arrow (per-token routing by the adapters' own singular vectors,
+            no router training), and ``top2`` / ``top4``: the composed model with the same gates at top-2 / top-4
+            (the paper's ablation, on the router trained at ``top_k``; skipped where K + 1 slots are fewer). See
+            :mod:`trace_train.compose.routers`.
+        task_choice: how per-task routing chooses: ``nearest`` (the successful trajectories whose first request
+            the base reads most alike; needs ``data``) or ``zero_shot`` (the base answers a multiple-choice
+            question over ``task_descriptions``).
+        task_neighbours: ``nearest``: how many trajectories vote.
+        task_descriptions: ``zero_shot``: adapter name -> the option's text (default: the name as words).
+        arrow_top_k, arrow_temperature: PEFT's ``ArrowConfig`` (adapters mixed per token, at most K; softmax
+            temperature).
         progress: tqdm bars.
     """
     import torch
@@ -140,6 +162,15 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
     unknown = set(baselines) - set(BASELINES)
     if unknown:
         raise ComposeError(f"unknown baselines {sorted(unknown)}; choose from {', '.join(BASELINES)}")
+    from .routers import TASK_CHOICES
+
+    if isinstance(composers, str) or set(composers) - set(COMPOSERS):
+        raise ComposeError(f"composers must be a list of {', '.join(COMPOSERS)}, got {composers!r}")
+    if task_choice not in TASK_CHOICES:
+        raise ComposeError(f"task_choice must be one of {', '.join(TASK_CHOICES)}, got {task_choice!r}")
+    if "per_task" in composers and task_choice == "nearest" and not data:
+        raise ComposeError("per-task routing by nearest trajectories needs trajectories (data), or "
+                           "task_choice='zero_shot'")
     train = router_config(train)
     if threads:
         torch.set_num_threads(threads)
@@ -228,8 +259,61 @@ def compose(base: str | Path, adapters: Mapping[str, Any] | Iterable[Any], data:
             (folder / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
             methods[method] = {"model": str(folder.resolve()), "adapter": None}
         result.baselines[method] = folder
+    for method in composers:
+        folder = out / "baselines" / method
+        if method in ("top2", "top4"):
+            k = int(method[3:])
+            if k > len(named) + 1 or k == top_k:
+                logger.warning("composer %s skipped: %s", method, f"only {len(named) + 1} slots"
+                               if k > len(named) + 1 else f"the composed model is already top-{k}")
+                continue
+            if folder.exists():
+                shutil.rmtree(folder)
+            shutil.copytree(out, folder, ignore=shutil.ignore_patterns("baselines", "*.png", "*.csv", "methods.json"))
+            spec = json.loads((folder / COMPOSE_FILE).read_text())
+            spec["top_k"] = k
+            (folder / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        elif method == "arrow":
+            from .routers import write_arrow
+
+            try:
+                write_arrow(base, named, folder, top_k=arrow_top_k, router_temperature=arrow_temperature,
+                            tokenizer=tokenizer)
+            except ComposeError as exc:  # e.g. adapters of different ranks
+                logger.warning("composer arrow skipped: %s", exc)
+                continue
+        else:
+            _write_per_task(model, out, folder, encoded, task_choice, task_neighbours, task_descriptions)
+        methods[method] = {"model": str(folder.resolve()), "adapter": None}
+        result.baselines[method] = folder
     for name, path in every.items():
         methods[f"adapter:{name}"] = {"model": str(Path(base).resolve()), "adapter": path}
     result.methods_json = out / "methods.json"
     result.methods_json.write_text(json.dumps(methods, indent=2) + "\n")
     return result
+
+
+def _write_per_task(model: ComposedModel, out: Path, folder: Path, encoded: Sequence[Any], choice: str,
+                    neighbours: int, descriptions: Mapping[str, str] | None) -> None:
+    """The per-task composed folder: the composed model's files with routing ``per_task`` and its settings, and
+    (``nearest``) the retrieval index of the router's labelled successful episodes."""
+    from safetensors.torch import save_file
+
+    from .routers import TASK_INDEX_FILE, build_task_index, default_descriptions
+
+    settings: dict[str, Any] = {"choice": choice}
+    index = None
+    if choice == "nearest":
+        labelled = [e for e in encoded if e.slot is not None]
+        index = build_task_index(model, [e.ids[:e.first_observation] for e in labelled], [e.slot for e in labelled])
+        settings["neighbours"] = int(neighbours)
+    else:
+        settings["descriptions"] = default_descriptions(model.adapter_names, descriptions)
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(out, folder, ignore=shutil.ignore_patterns("baselines", "*.png", "*.csv", "methods.json"))
+    spec = json.loads((folder / COMPOSE_FILE).read_text())
+    spec["routing"], spec["task_routing"] = "per_task", settings
+    (folder / COMPOSE_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+    if index is not None:
+        save_file(index, str(folder / TASK_INDEX_FILE))

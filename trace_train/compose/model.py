@@ -23,6 +23,10 @@ per token and top-1, but it can rest on what the conversation is about. The mean
 under a KV cache: each block keeps the running sum and count of its rows between the forwards of one
 ``generate`` (left padding excluded through the attention mask), so a context-gated model needs the whole
 sequence from its first token in one generation (no prefix cache across calls; see :attr:`ComposedModel.stateful_routing`).
+``"request"`` is ``"context"`` with the running mean restarted at every user message that is not a tool result (the
+``<|im_start|>user`` that opens it; the ids are spec'd in ``compose.json``'s ``request_marker``): the gate reads the
+request being served, not the whole conversation, so that a conversation whose second request needs another
+adapter can switch (issue 57; docs/compose.md, "Conversations that need two adapters").
 
 The computation is sparse. A block's router turns its choices into one *dispatch* — the
 (token, weight) assignments of every expert, sorted by expert into segments — and every adapted
@@ -65,15 +69,24 @@ GATES_FILE = "gates.safetensors"
 FORMAT_VERSION = 1
 #: How the gates' choices apply (:attr:`ComposedModel.routing`): ``token`` = each token its own choice (the paper's);
 #: ``segment`` = the choice made at the first token of each chat message (``<|im_start|>``) held for the whole
-#: message; ``per_episode`` = one adapter per episode, chosen from the first observation (a baseline).
-ROUTINGS = ("token", "segment", "per_episode")
+#: message; ``per_episode`` = one adapter per episode, chosen by the gates from the first observation (a baseline);
+#: ``per_task`` = one adapter per task chosen by the base (nearest trajectories or zero-shot), the TRACE authors'
+#: routing (:class:`trace_train.compose.routers.PerTaskRouter`).
+ROUTINGS = ("token", "segment", "per_episode", "per_task")
+#: The routings that choose one adapter for a whole episode from its first observation.
+EPISODE_ROUTINGS = ("per_episode", "per_task")
 #: The routings of the gates themselves (``per_episode`` chooses without them).
 GATE_ROUTINGS = ("token", "segment")
 #: The token that opens a chat message (Qwen3's template, the tiny presets' too): where segment routing decides.
 SEGMENT_TOKEN = "<|im_start|>"
 #: What a gate reads: ``token`` = the block input at the token (the paper's gate, ``Linear(hidden, K + 1)``);
 #: ``context`` = that and the causal mean of the block inputs so far (``Linear(2 · hidden, K + 1)``).
-GATE_INPUTS = ("token", "context")
+GATE_INPUTS = ("token", "context", "request")
+#: The gate inputs that read a running mean of the block's inputs (and keep context centres).
+CONTEXT_INPUTS = ("context", "request")
+#: Where a ``request`` gate's running mean restarts: a user message (``<|im_start|>user`` and a newline), unless
+#: its text opens with ``<tool_response>`` (a tool's result, which Qwen's chat template writes as a user message).
+REQUEST_MARKER, TOOL_MARKER = "<|im_start|>user\n", "<tool_response>"
 #: The forward weight of a chosen slot's update (``gate_weight``): ``prob`` = the gate's softmax probability (the
 #: paper's multiplicative gating: a top-1 choice at p = 0.55 adds 55% of the adapter's update); ``one`` = the chosen
 #: slots' probabilities renormalised to sum to 1 (top-1: the whole update, as the adapter alone would add it), with
@@ -154,6 +167,17 @@ class BlockRouter:
             total, count = state[0], state[1]
         sums = torch.cumsum(x * weight.unsqueeze(-1), dim=1) + total.unsqueeze(1)
         counts = torch.cumsum(weight, dim=1) + count.unsqueeze(1)
+        if self.owner.gate_input == "request":  # restart the mean at each request (see request_starts)
+            starts = self.owner.request_starts(batch, seq).to(x.device)
+            positions = torch.arange(seq, device=x.device).expand(batch, seq)
+            last = torch.where(starts, positions, torch.full_like(positions, -1)).cummax(dim=1).values
+            index = last.clamp(min=0)
+            before = sums - x * weight.unsqueeze(-1)  # the sums before each token
+            before_n = counts - weight
+            restarted = (last >= 0).unsqueeze(-1)
+            sums = sums - torch.where(restarted, before.gather(1, index.unsqueeze(-1).expand_as(sums)),
+                                      torch.zeros_like(sums))
+            counts = counts - torch.where(restarted[..., 0], before_n.gather(1, index), torch.zeros_like(counts))
         self.context_state = (sums[:, -1].detach(), counts[:, -1].detach(), past + seq)
         # Centred on the mean context of the router's training data (ComposedModel.fit_context_centers): the means
         # of conversations that share a long system prompt differ little, and a gate learns the difference within
@@ -169,7 +193,7 @@ class BlockRouter:
         # grows with depth and differs between models, and a scale-free input gives every block's gate
         # the same effective learning rate.
         x = _rms(hidden.float())
-        if self.owner.gate_input == "context":
+        if self.owner.gate_input in CONTEXT_INPUTS:
             x = torch.cat([x, self.context(x, cache)], dim=-1)
         return x
 
@@ -385,9 +409,14 @@ class ComposeSpec:
     gate_input: str = "token"
     gate_weight: str = "prob"
     segment_token_id: int | None = None  # segment routing: the id of SEGMENT_TOKEN in the base's tokenizer
+    request_marker: list | None = None  # request gates: [ids of REQUEST_MARKER, ids of TOOL_MARKER]
+    task_routing: dict | None = None  # per-task routing: its settings (choice, neighbours, descriptions)
 
     def as_json(self) -> dict:
-        return {"format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
+        extra = {"task_routing": self.task_routing} if self.task_routing is not None else {}
+        if self.request_marker is not None:
+            extra["request_marker"] = self.request_marker
+        return {**extra, "format": "trace-compose", "version": FORMAT_VERSION, "base": self.base,
                 "base_sha256": self.base_sha256, "adapters": self.adapters, "target_modules": self.target_modules,
                 "top_k": self.top_k, "base_bias": self.base_bias, "routing": self.routing,
                 "gate_input": self.gate_input, "gate_weight": self.gate_weight,
@@ -440,7 +469,9 @@ class ComposedModel(nn.Module):
         blocks = _decoder_layers(model)
         hidden = model.config.hidden_size
         dtype = next(model.parameters()).dtype
-        width = hidden * (2 if spec.gate_input == "context" else 1)
+        width = hidden * (2 if spec.gate_input in CONTEXT_INPUTS else 1)
+        if spec.gate_input == "request" and spec.request_marker is None:
+            spec.request_marker = request_marker(spec.base)
         self.gates = nn.ModuleList(nn.Linear(width, self.num_experts + 1, bias=True, dtype=dtype)
                                    for _ in blocks)
         self.reset_gates(spec.base_bias)
@@ -463,6 +494,28 @@ class ComposedModel(nn.Module):
             if not isinstance(base_linear, nn.Linear):
                 raise ComposeError(f"{name} is a {type(base_linear).__name__}; only Linear projections can be routed")
             setattr(parent, attr, RoutedLoRALinear(base_linear, pairs, self.routers[block_of(name)]))
+
+    def request_starts(self, batch: int, seq: int) -> torch.Tensor:
+        """``(batch, seq)``: True at the first token of each user message of the forward in progress that is not a
+        tool's result (where a ``request`` gate's running mean restarts). A marker is seen only whole within one
+        forward: decoding steps (the model's own tokens) never open a user message."""
+        ids = self.current_ids
+        if ids is None or tuple(ids.shape) != (batch, seq):
+            raise ComposeError("request gates need the forward's input_ids (they restart at each user message); "
+                               "inputs_embeds alone do not say where a message starts")
+        marker, tool = (torch.tensor(m, dtype=ids.dtype, device=ids.device) for m in self.spec.request_marker)
+        n, t = len(marker), len(tool)
+        starts = torch.zeros(batch, seq, dtype=torch.bool, device=ids.device)
+        if seq < n:
+            return starts
+        windows = ids.unfold(1, n, 1)  # (batch, seq - n + 1, n)
+        hit = (windows == marker).all(-1)
+        if t and seq >= n + t:
+            after = ids[:, n:].unfold(1, t, 1)  # the tokens right after each marker
+            is_tool = (after == tool).all(-1)
+            hit[:, :is_tool.shape[1]] &= ~is_tool
+        starts[:, :hit.shape[1]] = hit
+        return starts
 
     def _ids_hook(self, module, args) -> None:
         ids = args[0] if args else None
@@ -488,8 +541,9 @@ class ComposedModel(nn.Module):
             adapters: K PEFT LoRA adapter folders (or ``name=folder`` strings, or a ``{name: folder}`` dict).
             top_k: slots per token (1, 2 or 4 in the paper's ablation).
             base_bias: initial bias of the base slot (5.0 → p_base ≈ 0.97 with near-zero gate weights).
-            gate_input: ``"token"`` (the block input at the token) or ``"context"`` (and the causal mean of the
-                block inputs so far); see the module docstring.
+            gate_input: ``"token"`` (the block input at the token), ``"context"`` (and the causal mean of the
+                block inputs so far) or ``"request"`` (that mean since the last user request); see the module
+                docstring.
             gate_weight: the forward weight of a chosen slot's update: ``"prob"`` (its gate probability, the
                 paper's) or ``"one"`` (renormalised over the chosen slots, straight-through); see :data:`GATE_WEIGHTS`.
             dtype, device: of the loaded model.
@@ -517,7 +571,7 @@ class ComposedModel(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         tensors = {f"gates.{i}.{k}": v.detach().cpu().contiguous() for i, g in enumerate(self.gates)
                    for k, v in g.state_dict().items()}
-        if self.gate_input == "context":
+        if self.gate_input in CONTEXT_INPUTS:
             tensors["context_centers"] = self.context_centers.detach().cpu().contiguous()
         save_file(tensors, str(out / GATES_FILE))
         spec = self.spec.as_json()
@@ -548,7 +602,7 @@ class ComposedModel(nn.Module):
             path: a folder holding ``compose.json`` and ``gates.safetensors``.
             check_hashes: refuse a base or adapter whose files changed since composing (recommended).
             top_k: override the saved top-k (e.g. to evaluate a top-1-trained router at top-2).
-            routing: override the saved routing (``"token"`` or ``"per_episode"``).
+            routing: override the saved routing (one of :data:`ROUTINGS`).
             gate_weight: override the saved forward weight of a chosen slot (``"prob"`` or ``"one"``; folders
                 written before the setting existed are ``"prob"``).
         """
@@ -576,10 +630,17 @@ class ComposedModel(nn.Module):
                           gate_weight=gate_weight or raw.get("gate_weight", "prob"))
         model.spec.training = raw.get("training")
         model.spec.segment_token_id = raw.get("segment_token_id")
+        if raw.get("request_marker") is not None:
+            model.spec.request_marker = raw["request_marker"]
+        model.spec.task_routing = raw.get("task_routing")
         model.routing = routing or raw.get("routing", "token")
+        from .routers import TASK_INDEX_FILE
+
+        if (path / TASK_INDEX_FILE).is_file():  # per-task routing's retrieval index
+            model.__dict__["task_index"] = load_file(str(path / TASK_INDEX_FILE))
         state = load_file(str(path / GATES_FILE))
         expected = {f"gates.{i}.{k}" for i, g in enumerate(model.gates) for k in g.state_dict()}
-        if model.gate_input == "context":
+        if model.gate_input in CONTEXT_INPUTS:
             expected.add("context_centers")
         if set(state) != expected:
             raise ComposeError(f"{path / GATES_FILE} holds gates for another model ({len(state)} tensors, "
@@ -604,7 +665,7 @@ class ComposedModel(nn.Module):
 
     @property
     def gate_input(self) -> str:
-        """What the gates read: ``"token"`` or ``"context"`` (see the module docstring)."""
+        """What the gates read: ``"token"``, ``"context"`` or ``"request"`` (see the module docstring)."""
         return self.spec.gate_input
 
     @property
@@ -614,7 +675,8 @@ class ComposedModel(nn.Module):
         caches off)."""
         if self.forced is not None:
             return False
-        return self.spec.routing == "segment" or (self.spec.gate_input == "context" and self.spec.routing == "token")
+        return self.spec.routing == "segment" or (self.spec.gate_input in CONTEXT_INPUTS
+                                                  and self.spec.routing == "token")
 
     @contextlib.contextmanager
     def _token_mask(self, kwargs) -> Iterator[None]:
@@ -634,7 +696,8 @@ class ComposedModel(nn.Module):
 
     @property
     def routing(self) -> str:
-        """``"token"`` (the gates route every token) or ``"per_episode"`` (one adapter per episode)."""
+        """``"token"`` (the gates route every token), ``"segment"`` (per message), ``"per_episode"`` or
+        ``"per_task"`` (one adapter per episode: :data:`EPISODE_ROUTINGS`)."""
         return self.spec.routing
 
     @routing.setter
@@ -651,12 +714,16 @@ class ComposedModel(nn.Module):
         return self.spec.segment_token_id
 
     def episode_router(self):
-        """The :class:`~trace_train.compose.PerEpisodeRouter` used when ``routing == "per_episode"``."""
-        if self.__dict__.get("_episode_router") is None:
+        """The router of a routing in :data:`EPISODE_ROUTINGS`: :class:`~trace_train.compose.PerEpisodeRouter`
+        (``per_episode``) or :class:`~trace_train.compose.routers.PerTaskRouter` (``per_task``)."""
+        kept = self.__dict__.get("_episode_router")
+        if kept is None or kept[0] != self.spec.routing:
             from .baselines import PerEpisodeRouter
+            from .routers import PerTaskRouter
 
-            self.__dict__["_episode_router"] = PerEpisodeRouter.for_model(self)
-        return self.__dict__["_episode_router"]
+            cls = PerTaskRouter if self.spec.routing == "per_task" else PerEpisodeRouter
+            kept = self.__dict__["_episode_router"] = (self.spec.routing, cls.for_model(self))
+        return kept[1]
 
     def prefix_scope(self, tokens: Sequence[int]) -> Hashable:
         """Which cached keys/values a sequence may reuse: only those computed for a sequence of the same scope.
@@ -668,12 +735,12 @@ class ComposedModel(nn.Module):
         keys/values for it. Their scope is the chosen slot, so a prefix cache (:class:`trace_train.agents.HFAgent`)
         never hands one episode's keys/values to an episode of another adapter.
         """
-        if self.spec.routing != "per_episode" or self.forced is not None:
+        if self.spec.routing not in EPISODE_ROUTINGS or self.forced is not None:
             return None
         return self.episode_router().slot_for(list(tokens))
 
     def _episode_routing(self, args, kwargs):
-        if self.spec.routing != "per_episode" or self.forced is not None:
+        if self.spec.routing not in EPISODE_ROUTINGS or self.forced is not None:
             return contextlib.nullcontext()
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
@@ -703,7 +770,7 @@ class ComposedModel(nn.Module):
         """Set each block's context centre to the mean of its running-mean context over every token of
         ``sequences`` (token id lists: the router's training episodes), read with the gates as they are.
         A statistic of the data, not a trained parameter; a no-op for token gates."""
-        if self.gate_input != "context":
+        if self.gate_input not in CONTEXT_INPUTS:
             return
         device = self.context_centers.device
         sums = torch.zeros_like(self.context_centers)
@@ -800,6 +867,18 @@ def segment_token_id(base: str | Path) -> int:
     return tid
 
 
+def request_marker(base: str | Path) -> list[list[int]]:
+    """The ids of :data:`REQUEST_MARKER` and :data:`TOOL_MARKER` in the tokenizer of the model folder ``base``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    marker = tokenizer(REQUEST_MARKER, add_special_tokens=False)["input_ids"]
+    if not marker or marker[0] != tokenizer.convert_tokens_to_ids(SEGMENT_TOKEN):
+        raise ComposeError(f"request gates restart at {REQUEST_MARKER!r}, which the tokenizer of {base} does not "
+                           "open with <|im_start|> (a chat template of another family); use gate_input 'context'")
+    return [list(marker), list(tokenizer(TOOL_MARKER, add_special_tokens=False)["input_ids"])]
+
+
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -810,9 +889,12 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def is_composed_dir(path: str | Path) -> bool:
-    """True for a folder written by ``trace compose`` (it holds ``compose.json``)."""
-    return (Path(path) / COMPOSE_FILE).is_file()
+    """True for a folder written by ``trace compose``: a composed model (``compose.json``) or an Arrow folder
+    (``arrow.json``); :func:`trace_train.compose.routers.load_composed` loads either."""
+    from .routers import ARROW_FILE
+
+    return (Path(path) / COMPOSE_FILE).is_file() or (Path(path) / ARROW_FILE).is_file()
 
 
 __all__ = ["ComposedModel", "ComposeSpec", "RoutedLoRALinear", "BlockRouter", "Dispatch", "AdapterRef",
-           "is_composed_dir", "COMPOSE_FILE", "GATE_INPUTS", "ROUTINGS", "SEGMENT_TOKEN"]
+           "is_composed_dir", "COMPOSE_FILE", "EPISODE_ROUTINGS", "GATE_INPUTS", "ROUTINGS", "SEGMENT_TOKEN"]

@@ -310,7 +310,10 @@ class ComposeSection:
         options: further keyword arguments of :func:`trace_train.compose.compose`; ``train`` holds the
             router's training settings (:class:`trace_train.compose.RouterTrainConfig` fields: ``lr``,
             ``epochs``, ``label_coef``, ``label_from``, ...); ``gate_input: context`` gives the gates the
-            conversation so far (for the tiny models, whose token states do not carry the task).
+            conversation so far (for the tiny models, whose token states do not carry the task);
+            ``composers: [per_task, arrow]`` builds the TRACE authors' per-task routing and PEFT's Arrow beside the
+            MoE (``task_choice``, ``task_neighbours``, ``task_descriptions``, ``arrow_top_k``,
+            ``arrow_temperature`` set them), evaluated as the methods ``per_task`` and ``arrow``.
     """
 
     top_k: int = 1
@@ -339,6 +342,18 @@ class ComposeSection:
             from ..compose.model import GATE_ROUTINGS
 
             _choice("compose.options.routing", self.options["routing"], GATE_ROUTINGS)
+        if "composers" in self.options:
+            from ..compose.api import COMPOSERS
+
+            if not isinstance(self.options["composers"], list):
+                raise ConfigError(f"compose.options.composers must be a list of {', '.join(COMPOSERS)}, got "
+                                  f"{self.options['composers']!r}")
+            for m in self.options["composers"]:
+                _choice("compose.options.composers[]", m, COMPOSERS)
+        if "task_choice" in self.options:
+            from ..compose.routers import TASK_CHOICES
+
+            _choice("compose.options.task_choice", self.options["task_choice"], TASK_CHOICES)
         if "train" in self.options:  # the router's settings: checked now, not after the adapters have trained
             from ..compose.adapters import ComposeError
             from ..compose.api import router_config
@@ -370,6 +385,16 @@ class EvaluateSection:
             SFT warm-up its GRPO run started from (if any) are played (the report's learning link, L2: does
             training raise the env's own success, and how much of it is GRPO's?); disjoint from the training
             seeds (``train.options.seed_offset``, 1,000,000 by default). 0 skips it.
+        mixed: an evaluation mix in which conversations need two capabilities at once (issue 57); empty (the
+            default) plays the target as ``rollout.env_kwargs`` say. Keys: ``families`` (at least two of the
+            target's request families: a conversation is *mixed* when its requests cover all of them, *single*
+            when it holds one request), ``share`` (the share of mixed conversations among the ``evaluate.seeds``
+            count, at least a third by default: 0.34), ``bundle_prob`` (the target's chance of a bundle while
+            evaluating, default 0.7) and ``max_episode_steps`` (default: three times the target's, a bundle holds
+            up to three requests). The held-out seeds are then the first seeds from ``evaluate.seeds``' first one
+            on whose task is mixed, and the first whose task is single, until both counts are met (other bundles
+            are skipped); ``eval/results.json`` lists them. Every method is scored per conversation and per
+            request (the env's ``reward_breakdown["requests"]``), on single and mixed conversations apart.
     """
 
     seeds: Any = "0:40"
@@ -381,9 +406,12 @@ class EvaluateSection:
     bootstrap: int = 1000
     workers: int = 1
     env_seeds: Any = "0:50"
+    mixed: dict = field(default_factory=dict)
 
     def validate(self) -> None:
         parse_seeds("evaluate.seeds", self.seeds)
+        if self.mixed:
+            mixed_settings(self.mixed)
         if self.env_seeds:
             parse_seeds("evaluate.env_seeds", self.env_seeds)
         _at_least("evaluate.workers", self.workers, 1)
@@ -502,6 +530,32 @@ def parse_key_values(pairs: Iterable[str], flag: str) -> dict:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+    return out
+
+
+#: ``evaluate.mixed`` defaults (see :class:`EvaluateSection`).
+MIXED_DEFAULTS = {"share": 0.34, "bundle_prob": 0.7, "max_episode_steps": None}
+
+
+def mixed_settings(mixed: dict) -> dict:
+    """``evaluate.mixed`` checked, with its defaults filled in."""
+    if not isinstance(mixed, dict):
+        raise ConfigError(f"evaluate.mixed must be a mapping (families, share, bundle_prob, max_episode_steps), "
+                          f"got {mixed!r}")
+    unknown = sorted(set(mixed) - set(MIXED_DEFAULTS) - {"families"})
+    if unknown:
+        raise ConfigError(f"evaluate.mixed: unknown key(s) {unknown}; known: families, "
+                          f"{', '.join(MIXED_DEFAULTS)}")
+    out = {**MIXED_DEFAULTS, **mixed}
+    families = out.get("families")
+    if not isinstance(families, list) or len(set(families)) < 2 or not all(isinstance(f, str) for f in families):
+        raise ConfigError("evaluate.mixed.families must list at least two request families of the target (e.g. "
+                          f"[flight_status, cancel]), got {families!r}")
+    for key in ("share", "bundle_prob"):
+        if not isinstance(out[key], (int, float)) or not 0 < out[key] < 1:
+            raise ConfigError(f"evaluate.mixed.{key} must be a number in (0, 1), got {out[key]!r}")
+    if out["max_episode_steps"] is not None:
+        _at_least("evaluate.mixed.max_episode_steps", out["max_episode_steps"], 1)
     return out
 
 

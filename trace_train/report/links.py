@@ -206,10 +206,41 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     out["L4"] = {"overall": overall, "per_family": per_family, "best_single": best, "moe": moe_value,
                  "versus_best": versus_best,
                  "routing": _routing_shares(run, methods.get("trace_moe") or {}), "verdict": _verdict(parts)}
+    mix = res.get("mix")
+    if mix:  # evaluate.mixed: every method on single and mixed conversations apart, against the MoE
+        out["L4"]["split"] = _split(methods, records_of, mix["families"], n_boot, seed)
+        out["L4"]["mix"] = {k: mix.get(k) for k in ("families", "share", "bundle_prob", "mixed", "single")}
+        out["L4"]["turns"] = (methods.get("trace_moe") or {}).get("turn_routing")
     for link, entry in out.items():
         entry["name"], entry["question"] = LINKS[link]
         entry["sentence"] = _sentence(link, entry)
     return out
+
+
+#: The order of the split table's rows: the MoE, the routers beside it, the merges and single-model baselines.
+SPLIT_ORDER = ("trace_moe", "top2", "top4", "per_episode", "per_task", "arrow", "merge_linear", "merge_ties", "multi",
+               "sft", "base")
+
+
+def _split(methods: dict, records_of: Any, families: list[str], n_boot: int, seed: int) -> list[dict]:
+    """One row per evaluated method: its ``mix`` scores (per conversation and per request, single and mixed
+    conversations apart) and the paired Δ of the MoE over it on each kind (MoE − method, pass@1)."""
+    from trace_train.pipeline.stages.mixed import record_kind
+
+    def order(key: str) -> tuple[int, str]:
+        return (SPLIT_ORDER.index(key) if key in SPLIT_ORDER else len(SPLIT_ORDER) - 1, key)
+
+    moe = records_of("trace_moe")
+    rows = []
+    for key in sorted((k for k, m in methods.items() if m.get("available") and m.get("mix")), key=order):
+        row = {"method": key, "label": methods[key].get("label", key), "mix": methods[key]["mix"]}
+        if key != "trace_moe" and moe:
+            mine = records_of(key)
+            for kind in ("single", "mixed"):
+                row[f"moe_minus_{kind}"] = _delta([r for r in mine if record_kind(r, families) == kind],
+                                                  [r for r in moe if record_kind(r, families) == kind], n_boot, seed)
+        rows.append(row)
+    return rows
 
 
 def _routing_shares(run: Path, moe: dict) -> dict[str, dict[str, float]]:
@@ -254,8 +285,17 @@ def _sentence(link: str, entry: dict) -> str:
             "no single adapter"
         moe = f"{entry['moe']:.3f}" if entry.get("moe") is not None else "–"
         versus = f" (Δ {_fmt(entry['versus_best'])})" if entry.get("versus_best") else ""
-        return (f"L4 {verdict}: the MoE scores {moe}, Δ vs base {_fmt(entry.get('overall'))}, against "
+        text = (f"L4 {verdict}: the MoE scores {moe}, Δ vs base {_fmt(entry.get('overall'))}, against "
                 f"{best_text}{versus}.")
+        by_key = {row["method"]: row for row in entry.get("split") or []}
+        versus = [f"{name} {_fmt(by_key[key].get('moe_minus_mixed'))} on mixed and "
+                  f"{_fmt(by_key[key].get('moe_minus_single'))} on single conversations"
+                  for key, name in (("per_episode", "per-episode routing"),
+                                    ("per_task", "the authors' per-task routing"))
+                  if key in by_key]
+        if versus:
+            text += " MoE − " + "; MoE − ".join(versus) + "."
+        return text
     rows = entry.get("rows") or []
     if not rows:
         return f"{link} not measured: the run diagnosed no capability."
@@ -330,6 +370,34 @@ def links_section(doc, links: dict) -> None:
                   [[f, _fmt((l1.get("per_family") or {}).get(f)), _fmt((l4.get("per_family") or {}).get(f))]
                    for f in families],
                   "Δ pass@1 per target family, with 95% paired bootstrap intervals.")
+    split = l4.get("split") or []
+    if split:
+        mix = l4.get("mix") or {}
+
+        def score(row: dict, kind: str, what: str) -> str:
+            v = (row["mix"].get(kind) or {}).get(what)
+            return "–" if v is None else f"{v:.3f}"
+
+        doc.table(["method", "single: conversations", "single: requests", "mixed: conversations", "mixed: requests",
+                   "MoE − it, single", "MoE − it, mixed"],
+                  [[r["method"], score(r, "single", "success"), score(r, "single", "request_success"),
+                    score(r, "mixed", "success"), score(r, "mixed", "request_success"),
+                    _fmt(r.get("moe_minus_single")) if r["method"] != "trace_moe" else "",
+                    _fmt(r.get("moe_minus_mixed")) if r["method"] != "trace_moe" else ""] for r in split],
+                  f"L4 on single and mixed conversations ({mix.get('single')} single, {mix.get('mixed')} mixed: "
+                  f"requests of {' and '.join(mix.get('families') or [])} in one conversation): the share of "
+                  "conversations solved and of requests handled, and the MoE's paired Δ pass@1 over each method "
+                  "on each kind, with 95% bootstrap intervals.")
+    turns = l4.get("turns") or {}
+    if turns.get("shares_by_family"):
+        slots = list(next(iter(turns["shares_by_family"].values())))
+        doc.table(["request family", "assistant tokens", *slots],
+                  [[f, turns["tokens_by_family"].get(f, 0), *(f"{shares.get(s, 0.0):.2f}" for s in slots)]
+                   for f, shares in turns["shares_by_family"].items()],
+                  "L4, mixed conversations: which expert wrote the assistant turns serving each request (share of "
+                  "their tokens per slot, over the blocks). The slot with the most tokens changed between two "
+                  f"requests of different families in {turns.get('switched', 0)} of {turns.get('pairs', 0)} such "
+                  f"pairs (per turn: `{turns.get('csv')}` beside the MoE's episodes).")
     routing = l4.get("routing") or {}
     if routing:
         slots = list(next(iter(routing.values())))

@@ -116,6 +116,13 @@ def method_agents(ctx) -> list[tuple[str, str, Any, int, str]]:
                if dropped else ""))
         rows.append(("per_episode", "per-episode routing", hf(p["model"], p["adapter"]) if p else None,
                      total_adapter_rollouts + int(comp.get("router_episodes", 0)), note))
+    # The routers of the field (compose.options.composers): rows wherever the compose stage built them.
+    for key, label in (("per_task", "the authors' per-task routing (one adapter per task, chosen by the base)"),
+                       ("arrow", "PEFT's Arrow routing (per token, no router training)"),
+                       ("top2", "TRACE MoE at top-2 (its gates)"), ("top4", "TRACE MoE at top-4 (its gates)")):
+        m = methods.get(key)
+        if m:
+            rows.append((key, label, hf(m["model"], m["adapter"]), total_adapter_rollouts, ""))
     if "trace_moe" in wanted:
         moe = methods.get("composed")
         rows.append(("trace_moe", f"TRACE MoE ({_moe_routing(moe['model'] if moe else None)})",
@@ -142,6 +149,19 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
         import trace_envs
 
         trace_envs.load_registry(str(ctx.workspace))
+    mix = None
+    if e.mixed:  # conversations that need two capabilities at once: the target bundles, the seeds are chosen
+        from ..config import mixed_settings
+        from .mixed import choose_seeds, mixed_kwargs
+
+        settings = mixed_settings(e.mixed)
+        if len(r.targets) != 1:
+            raise ValueError(f"evaluate.mixed needs one target env, the run has {len(r.targets)}: {r.targets}")
+        target = r.targets[0]
+        seeds, kinds = choose_seeds(target, mixed_kwargs(model_env_kwargs_fn(model, r.env_kwargs)(target), settings),
+                                    len(seeds), min(seeds), settings)
+        mix = {**settings, "seeds": seeds, "kinds": {str(s): k for s, k in kinds.items()},
+               "mixed": sum(k == "mixed" for k in kinds.values()), "single": sum(k == "single" for k in kinds.values())}
     results: dict[str, dict] = {}
     base_traj = ctx.path("eval", "base", "trajectories.jsonl")
     rows = method_agents(ctx)
@@ -152,6 +172,8 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
             continue
         kwargs = base_env_kwargs_fn(ctx) if key == "base" else model_env_kwargs_fn(model, r.env_kwargs)
         per_env = {env_id: kwargs(env_id) for env_id in r.targets}
+        if mix is not None:
+            per_env = {env_id: mixed_kwargs(k, mix) for env_id, k in per_env.items()}
         jobs.append(RolloutJob(key=key, make=make, targets=list(r.targets), seeds=seeds, samples=e.samples,
                                out=ctx.path("eval", key.replace(":", "_"), "trajectories.jsonl"),
                                in_flight=e.in_flight, env_kwargs=per_env, progress=ctx.progress,
@@ -178,12 +200,22 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
             cmp = compare(base_traj, out, ks=e.ks, n_boot=e.bootstrap, seed=ctx.cfg.seed)
             row["delta_vs_base"] = cmp["delta"]
             row["tasks_vs_base"] = cmp["tasks"]
+        if mix is not None:  # single and mixed conversations apart, per conversation and per request
+            from trace_train.evaluate import load_records
+
+            from .mixed import split_scores
+
+            row["mix"] = split_scores(load_records(out), mix["families"])
         if key == "trace_moe":  # where its router sent each family's tokens (the composition link's why)
             moe = ((ctx.summary("compose") if ctx.done("compose") else {}).get("methods") or {}).get("composed") or {}
             row["routing_by_family"] = _routing_by_family(moe.get("model"), out)
+            if mix is not None:  # which expert wrote each assistant turn of the mixed conversations
+                row["turn_routing"] = _turn_routing(moe.get("model"), out, r.targets[0],
+                                                    mixed_kwargs(model_env_kwargs_fn(model, r.env_kwargs)(
+                                                        r.targets[0]), mix), mix["families"])
         (out.parent / "metrics.json").write_text(json.dumps(row, indent=2, default=str) + "\n")
         results[key] = row
-    _write_results(ctx.path("eval", "results.json"), results, seeds, e)
+    _write_results(ctx.path("eval", "results.json"), results, seeds, e, mix)
     return ["eval"], {"methods": {k: (v.get("overall", {}).get("pass@1") or {}).get("value")
                                   for k, v in results.items() if v.get("available")},
                       "not_run": {k: v["note"] for k, v in results.items() if not v.get("available")}}
@@ -211,6 +243,42 @@ def _routing_by_family(folder: str | None, trajectories: Path) -> str | None:
     csv_path, _ = write_routing(routing_stats(model, episodes), model.slot_names(), trajectories.parent,
                                 name="routing_by_family")
     return csv_path.name
+
+
+def _turn_routing(folder: str | None, trajectories: Path, env_id: str, kwargs: dict,
+                  families: list[str]) -> dict | None:
+    """``turn_routing.csv`` beside the MoE's episodes: per assistant message of each mixed conversation, the request
+    it serves and the share of its tokens each slot got; and the summary (:func:`~trace_train.compose.turns.
+    switch_summary`) with the file's name. None without a composed model."""
+    import csv
+
+    from trace_train.compose import ComposedModel, is_composed_dir
+    from trace_train.compose.turns import switch_summary, turn_routing
+    from trace_train.rollouts import read_trajectories
+
+    from .mixed import record_kind, request_texts_fn
+
+    if not folder or not is_composed_dir(folder) or not trajectories.exists():
+        return None
+    from transformers import AutoTokenizer
+
+    model = ComposedModel.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = request_texts_fn(env_id, kwargs)
+    names = model.slot_names()
+    path = trajectories.parent / "turn_routing.csv"
+    episodes = []
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["seed", "scenario", "turn", "request", "family", "tokens", *names])
+        w.writeheader()
+        for record in read_trajectories(trajectories):
+            if record_kind(record, families) != "mixed":
+                continue
+            rows = turn_routing(model, tokenizer, record, texts(int(record["seed"])))
+            episodes.append(rows)
+            scenario = (record.get("task") or {}).get("scenario")
+            w.writerows({"seed": record["seed"], "scenario": scenario, **row} for row in rows)
+    return {"csv": path.name, **switch_summary(episodes, names)}
 
 
 def _env_jobs(ctx, rows: list, same_as_base: set[str], model: str | None) -> tuple[list[RolloutJob], list[tuple]]:
@@ -283,10 +351,11 @@ def _episodes_as(source: Path, out: Path, agent: str) -> Path:
     return out
 
 
-def _write_results(path: Path, results: dict, seeds: list[int], e) -> None:
+def _write_results(path: Path, results: dict, seeds: list[int], e, mix: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"seeds": [min(seeds), max(seeds) + 1], "n_seeds": len(seeds), "samples": e.samples,
-                                "ks": e.ks, "temperature": e.temperature, "methods": results},
+                                "ks": e.ks, "temperature": e.temperature, "methods": results,
+                                **({"mix": mix} if mix is not None else {})},
                                indent=2, default=str) + "\n")
 
 
@@ -294,7 +363,8 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     e, r = ctx.cfg.evaluate, ctx.cfg.rollout
     n = len(r.targets) * len(parse_seeds("evaluate.seeds", e.seeds)) * e.samples
     k = len(_selected(ctx)) if ctx.done("diagnose") else ctx.cfg.diagnose.max_capabilities
-    methods = 1 + (len(e.methods) - 2) + k  # base + the other rows (one per adapter)
+    composers = len((ctx.cfg.compose.options or {}).get("composers") or [])  # per_task, arrow: rows of their own
+    methods = 1 + (len(e.methods) - 2) + k + composers  # base + the other rows (one per adapter)
     warmups = "sft" in e.methods and int(ctx.cfg.train.options.get("sft_warmup_steps") or 0) > 0
     if warmups:
         methods += k  # each GRPO run's SFT warm-up is a row of its own (the L1 transfer ceiling)
@@ -304,8 +374,13 @@ def estimate_evaluate(ctx) -> tuple[float | None, str]:
     fast = _fast_decode(ctx)
     # Rows that decode with generate() whatever base.decode says: per-episode routing. (A MoE with context gates
     # takes the fast loop too, re-encoding each prompt after the shared prefix: its running sums are not stored.)
-    composer = int("per_episode" in e.methods)
+    # Per-task routing and Arrow decode with generate() too (one adapter per row; a LoRA variant).
+    composer = int("per_episode" in e.methods) + composers
     per_method = [_tiny_episodes_seconds(n, e.in_flight, fast and i >= composer) for i in range(methods)]
+    if e.mixed:  # a mixed conversation holds two or three requests: about twice the turns of a single one
+        from ..config import mixed_settings
+
+        per_method = [s * (1 + mixed_settings(e.mixed)["share"]) for s in per_method]
     workers = min(e.workers, methods)
     seconds = math.ceil(methods / workers) * sum(per_method) / methods
     note = f"≤ {methods} methods × {n} held-out episodes" + (f", {workers} at once" if workers > 1 else "")
