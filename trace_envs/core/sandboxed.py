@@ -77,6 +77,10 @@ class SandboxLimits:
         cpu_s: CPU seconds over the worker's life (``RLIMIT_CPU``; generous, since one worker serves a
             whole training run: the per-call timeout is what bounds a slow step).
         file_mb: largest file it may write in its scratch dir (``RLIMIT_FSIZE``).
+        tmpfs_mb: size of its scratch tmpfs (``/tmp``, bubblewrap's ``--size``): what all its files together
+            may hold. A tmpfs lives in the host's shared memory, outside the worker's ``RLIMIT_AS``, so without
+            this bound many files under ``file_mb`` each could fill the machine's memory. The worker's ``/``
+            and ``/dev`` are remounted read-only, so the scratch tmpfs is the only memory-backed place it writes.
         nproc: processes the worker may add (``RLIMIT_NPROC``, on top of the user's running ones; the
             kernel does not enforce it for root; the pid namespace still ends every process with the worker).
         start_timeout_s: importing the module and building the env.
@@ -86,13 +90,14 @@ class SandboxLimits:
     memory_mb: int = 2048
     cpu_s: int = 6 * 3600
     file_mb: int = 64
+    tmpfs_mb: int = 128
     nproc: int = 64
     start_timeout_s: float = 60.0
     call_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.memory_mb < 256 or self.cpu_s < 1 or self.file_mb < 1 or self.nproc < 1:
-            raise ValueError("memory_mb must be at least 256 and cpu_s, file_mb, nproc at least 1")
+        if self.memory_mb < 256 or self.cpu_s < 1 or self.file_mb < 1 or self.nproc < 1 or self.tmpfs_mb < 1:
+            raise ValueError("memory_mb must be at least 256 and cpu_s, file_mb, tmpfs_mb, nproc at least 1")
         if self.start_timeout_s <= 0 or self.call_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
@@ -247,24 +252,49 @@ def _scrubbed_env(spec: WorkerSpec, home: str, faketime: str | None) -> dict[str
     return env
 
 
-def _bwrap_command(spec: WorkerSpec, env: dict[str, str], fds: tuple[int, int]) -> list[str]:
-    cmd = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-           "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", *_usr_merge()]
+#: Where the env module's file appears inside the sandbox, whichever folder it lives in on the host (a
+#: workspace's ``envs/``, admission's staging folder): the module cannot tell admission from use by its path.
+SANDBOX_MODULE_ROOT = "/trace/env"
+
+
+def _module_file(spec: WorkerSpec) -> Path | None:
+    """The host file of the env module (``<module_root>/<a/b>.py``), when it is a plain file under its root."""
+    if not spec.module_root or not spec.module:
+        return None
+    path = Path(spec.module_root) / (spec.module.replace(".", "/") + ".py")
+    return path.resolve() if path.is_file() else None
+
+
+def _bwrap_command(spec: WorkerSpec, env: dict[str, str], fds: tuple[int, int]) -> tuple[list[str], list[str], str]:
+    """(bubblewrap's options, the command, the module root inside the sandbox). The options are handed to
+    bubblewrap through ``--args FD``, so the sandbox's ``/proc/1/cmdline`` shows no host path, no seed and no
+    limit: a worker of admission and one of later use look the same from inside."""
+    cmd = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr",
+           *_usr_merge()]
     if os.path.exists("/etc/ld.so.cache"):
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    # The scratch tmpfs first: binds of paths under /tmp (a CI checkout, pytest's folders) go on top of it.
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # The scratch tmpfs first: binds of paths under /tmp (a CI checkout, pytest's folders) go on top of it. It
+    # has a size (host shared memory, outside RLIMIT_AS); /dev's own tmpfs is made read-only (its device nodes
+    # still work), and so is bubblewrap's root tmpfs once every mount point is made (below).
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+            "--size", str(int(spec.limits.tmpfs_mb) * 1024 * 1024), "--tmpfs", "/tmp"]
     for path in _code_paths():
         cmd += ["--ro-bind", path, path]
     cmd += ["--ro-bind", str(_TRACE_ENVS), str(_TRACE_ENVS)]
-    if spec.bind and not Path(spec.bind).resolve().is_relative_to(_TRACE_ENVS):
+    module_file, root = _module_file(spec), spec.module_root
+    if module_file is not None and not module_file.is_relative_to(_TRACE_ENVS):
+        # Only the module's own file, at a fixed path (not its folder: a workspace's envs/ also holds other
+        # modules and the admission reports, which a staged candidate's folder does not).
+        root = SANDBOX_MODULE_ROOT
+        cmd += ["--ro-bind", str(module_file), f"{root}/{spec.module.replace('.', '/')}.py"]
+    elif spec.bind and not Path(spec.bind).resolve().is_relative_to(_TRACE_ENVS):
         cmd += ["--ro-bind", spec.bind, spec.bind]
     for host, inside in _shared_caches():
         cmd += ["--ro-bind", host, inside]
-    cmd += ["--chdir", "/tmp", "--clearenv"]
+    cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
-    return cmd + [sys.executable, "-B", "-m", "trace_envs.core.sandbox_worker", str(fds[0]), str(fds[1])]
+    return cmd, [sys.executable, "-B", "-m", "trace_envs.core.sandbox_worker", str(fds[0]), str(fds[1])], root
 
 
 def _own_processes() -> int:
@@ -321,6 +351,8 @@ class WorkerProcess:
         faketime = faketime_library()
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
+        args_r = None
+        self.module_root = spec.module_root  # as the worker's sys.path names it
         try:
             if unsandboxed:
                 self._scratch = tempfile.mkdtemp(prefix="trace-worker-")
@@ -329,15 +361,22 @@ class WorkerProcess:
                 cwd = self._scratch
             else:
                 env = _scrubbed_env(spec, "/tmp", faketime)
-                cmd = _bwrap_command(spec, env, (req_r, resp_w))
+                options, command, self.module_root = _bwrap_command(spec, env, (req_r, resp_w))
+                args_r, args_w = os.pipe()
+                with os.fdopen(args_w, "wb") as fh:  # a few KB: fits the pipe before bubblewrap reads it
+                    fh.write(b"".join(o.encode() + b"\0" for o in options))
+                cmd = [shutil.which("bwrap") or "bwrap", "--args", str(args_r), *command]
                 cwd = "/"
                 env = {"PATH": env["PATH"]}  # bwrap's own environment; the worker's is set by --setenv
+            fds = (req_r, resp_w) if args_r is None else (req_r, resp_w, args_r)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, env=env, cwd=cwd, pass_fds=(req_r, resp_w),
+                                         stderr=subprocess.STDOUT, env=env, cwd=cwd, pass_fds=fds,
                                          preexec_fn=_limit_fn(self.limits), start_new_session=True)
         finally:
             os.close(req_r)
             os.close(resp_w)
+            if args_r is not None:
+                os.close(args_r)
         self._w, self._r = req_w, resp_r
         os.set_blocking(self._w, False)
         os.set_blocking(self._r, False)
@@ -672,7 +711,7 @@ class SandboxedEnv(gym.Env):
         s = self.spec_worker
         try:
             result = self._worker.call("init", timeout=s.limits.start_timeout_s, module=s.module, cls=s.cls,
-                                       module_root=s.module_root, kwargs=wire.pack(self.env_kwargs),
+                                       module_root=self._worker.module_root, kwargs=wire.pack(self.env_kwargs),
                                        render_mode=self.render_mode, random_seed=s.random_seed)
         except WorkerError as exc:  # died before it could answer: what it printed is all there is to go on
             tail = self._worker.output_tail()
