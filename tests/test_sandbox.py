@@ -203,7 +203,35 @@ class BadEnv(PreconditionVerificationEnv):
             raise RuntimeError("boom")
         if action == "lie":
             os.write(int(sys.argv[-1]), b"this is not the protocol\n")  # the reply pipe: garbage on it
+        if action in LIMIT_ATTACKS:
+            raise RuntimeError(LIMIT_ATTACKS[action]())
         return super().step(action)
+
+
+def _fill(folder, size, count):
+    """Write up to ``count`` files of ``size`` bytes into ``folder``; what got written, and what stopped it."""
+    wrote, block = 0, b"x" * (1 << 20)
+    try:
+        for i in range(count):
+            with open(os.path.join(folder, f"f{i}"), "wb") as fh:
+                for _ in range(size >> 20):
+                    fh.write(block)
+                    fh.flush()
+                    wrote += len(block)
+    except OSError as exc:
+        return f"wrote {wrote >> 20} MB in {folder}, stopped by {exc.strerror}"
+    return f"wrote {wrote >> 20} MB in {folder}, unstopped"
+
+
+def _burn():
+    x = 0
+    while True:
+        x += 1
+
+
+LIMIT_ATTACKS = {"fill_scratch": lambda: _fill("/tmp", 10 << 20, 50), "big_file": lambda: _fill("/tmp", 200 << 20, 1),
+                 "fill_root": lambda: _fill("/", 1 << 20, 2), "fill_dev": lambda: _fill("/dev", 1 << 20, 2),
+                 "fill_shm": lambda: _fill("/dev/shm", 1 << 20, 2), "burn_cpu": _burn}
 '''
 
 
@@ -225,6 +253,41 @@ def test_a_failing_worker_ends_the_episode_with_env_error_and_the_next_reset_rec
         obs, info = env.reset(seed=2)  # a fresh worker
         assert env.unwrapped.worker_pid != pid
         assert "termination" not in info and env.step("Hello!")[4].get("termination") != "env_error"
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("action,reason", [
+    # 50 files of 10 MB (each under the file-size limit): the tmpfs size stops them at 32 MB in all
+    ("fill_scratch", r"wrote (\d+) MB in /tmp, stopped by No space left on device"),
+    ("big_file", r"wrote (\d+) MB in /tmp, stopped by File too large"),  # RLIMIT_FSIZE: 16 MB
+    ("fill_root", r"wrote (0) MB in /, stopped by Read-only file system"),
+    ("fill_dev", r"wrote (0) MB in /dev, stopped by Read-only file system"),
+    ("fill_shm", r"wrote (0) MB in /dev/shm, stopped by Read-only file system"),
+    ("burn_cpu", r"SIGXCPU \(its CPU-time limit\)()")])
+def test_a_module_that_tries_to_exceed_a_limit_is_stopped_by_it(tmp_path, action, reason):
+    """Every resource limit, against a module that tries to exceed it: the scratch tmpfs's size (host shared
+    memory, which RLIMIT_AS does not count), the file size, the read-only root and /dev, the CPU time. (The
+    memory limit: the ``eat`` case above; RLIMIT_NPROC is not enforced by the kernel for root, and the pid
+    namespace ends every process at close: tests/bad_modules/setsid_daemon.py.)"""
+    import re
+
+    env_id = _install(tmp_path, BROKEN)
+    limits = {"tmpfs_mb": 32, "file_mb": 16, "call_timeout_s": 30.0, "cpu_s": 3}
+    if not sandboxed.bwrap_status()[0]:
+        pytest.skip("bubblewrap is not usable here (make setup installs it)")
+    env = gym.make(env_id, trace_limits=limits)
+    try:
+        env.reset(seed=1)
+        info = env.step(action)[4]
+        assert info["termination"] == "env_error"
+        m = re.search(reason, info["env_error"])
+        assert m, info["env_error"]
+        if action == "fill_scratch":
+            assert int(m.group(1)) <= limits["tmpfs_mb"]
+        if action == "big_file":
+            assert int(m.group(1)) <= limits["file_mb"]
+        assert env.reset(seed=2)[1].get("termination") != "env_error"  # a fresh worker, a fresh scratch
     finally:
         env.close()
 

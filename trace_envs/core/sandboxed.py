@@ -320,8 +320,10 @@ def _limit_fn(limits: SandboxLimits):
         for which, value in ((resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024), (resource.RLIMIT_CPU, limits.cpu_s),
                              (resource.RLIMIT_FSIZE, limits.file_mb * 1024 * 1024),
                              (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_CORE, 0)):
+            # CPU: SIGXCPU at the soft limit names the cause; the hard one, a second later, kills regardless.
+            hard = value + 1 if which == resource.RLIMIT_CPU else value
             try:
-                resource.setrlimit(which, (value, value))
+                resource.setrlimit(which, (value, hard))
             except (ValueError, OSError):  # e.g. a hard limit already lower
                 pass
     return apply
@@ -480,6 +482,8 @@ class WorkerProcess:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
+        if code is not None and code > 128 and not self.unsandboxed:
+            code = 128 - code  # bubblewrap exits with 128 + the signal that ended the worker
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             hint = {signal.SIGKILL: " (killed: past a limit, e.g. memory)", signal.SIGXCPU: " (its CPU-time limit)",
