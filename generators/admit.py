@@ -382,13 +382,20 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
 
     from trace_envs.core.registry import SANDBOX_ENTRY_POINT
     from trace_envs.core.sandboxed import SandboxLimits, WorkerSpec, bwrap_status, faketime_library, \
-        unsandboxed_requested
+        refuse_unsandboxed_generated, unsandboxed_requested
 
     names = dynamic_rows()
     rows = {n: CheckRow(n, "dynamic", "not run") for n in names}
     report.rows += list(rows.values())
     ok, why = bwrap_status()
     if cfg.sandbox == "none" or (not ok and cfg.sandbox == "auto" and unsandboxed_requested()):
+        refusal = refuse_unsandboxed_generated(report.env_id, why or "running unsandboxed was asked for")
+        if refusal:
+            report.sandbox = "not started: generated code runs unsandboxed only with a second switch"
+            for row in rows.values():
+                row.reason = refusal
+            rows["import"].status = "failed"
+            return
         unsandboxed = True
         report.sandbox = "plain subprocess (explicitly unsandboxed: no file-system or network isolation)"
         warn = ("admission ran the module WITHOUT a sandbox (sandbox='none' / --unsandboxed): a plain subprocess "
@@ -432,7 +439,7 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
                            call_timeout_s=cfg.call_timeout_s)
     spec = WorkerSpec(env_id=registration["id"], module=module_name, cls=registration["class"],
                       module_root=str(stage), bind=str(module_file), hash_seed=1, limits=limits)
-    worker = {**spec.to_dict(), "strict": True}  # a worker failure stops the check that met it
+    worker = {**spec.to_dict(), "strict": True, "generated": True}  # a worker failure stops the check that met it
     if unsandboxed:
         worker["sandbox"] = "none"
     env_id = registration["id"]

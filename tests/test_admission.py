@@ -133,8 +133,14 @@ def test_without_bubblewrap_admission_refuses_unless_unsandboxed_is_asked_for(tm
     assert not result.admitted and "bubblewrap" in result.reason and "--unsandboxed" in result.reason
     assert report["sandbox"].startswith("not started")
     assert Workspace(tmp_path / "ws").ids() == []
-    # explicitly unsandboxed: the same checks, in a plain subprocess, and the report says so
+    # TRACE_UNSANDBOXED alone does not run generated code unsandboxed: it needs the second switch
     monkeypatch.setenv("TRACE_UNSANDBOXED", "1")
+    monkeypatch.delenv("TRACE_UNSANDBOXED_GENERATED", raising=False)
+    result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
+                          workspace=tmp_path / "ws", run_dir=tmp_path / "run1", config=LIGHT)
+    assert not result.admitted and "TRACE_UNSANDBOXED_GENERATED=1" in result.reason
+    # explicitly unsandboxed, both switches: the same checks, in a plain subprocess, and the report says so
+    monkeypatch.setenv("TRACE_UNSANDBOXED_GENERATED", "1")
     with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
         result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
                               workspace=tmp_path / "ws", run_dir=tmp_path / "run2",

@@ -292,21 +292,37 @@ def test_a_module_that_tries_to_exceed_a_limit_is_stopped_by_it(tmp_path, action
         env.close()
 
 
-def test_without_bubblewrap_a_generated_env_refuses_unless_unsandboxed_is_asked_for(tmp_path, monkeypatch):
-    env_id = _install(tmp_path, _offline_source())
+def test_without_bubblewrap_a_generated_env_refuses_unless_both_switches_are_given(tmp_path, monkeypatch):
+    """Unsandboxed, generated code runs as the user: TRACE_UNSANDBOXED alone does not run it (it runs only
+    hand-written ``sandbox: true`` entries unsandboxed); TRACE_UNSANDBOXED_GENERATED must be given too. What the
+    worker is handed is the scrubbed environment, not the trainer's."""
+    env_id = _install(tmp_path / "gen", (CORPUS / "reads_secrets.py").read_text(encoding="utf-8"))
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.setenv("TRACE_TEST_SECRET", SECRET)
     monkeypatch.delenv(sandboxed.UNSANDBOXED_ENV, raising=False)
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_GENERATED_ENV, raising=False)
     with pytest.raises(SandboxUnavailable, match="--unsandboxed"):
         gym.make(env_id)
+    for how in ({"trace_unsandboxed": True}, {}):
+        monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "1")
+        with pytest.raises(SandboxUnavailable, match=f"generated code.*{sandboxed.UNSANDBOXED_GENERATED_ENV}=1"):
+            gym.make(env_id, **how)
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_GENERATED_ENV, "1")
     with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
-        env = gym.make(env_id, trace_unsandboxed=True)
+        env = gym.make(env_id)
     try:
         assert env.unwrapped.unsandboxed and rollout(env, OracleAgent(), seed=2)["reward"] == 1.0
+        printed = env.unwrapped.output_tail()
+        assert "PYTHONHASHSEED" in printed and SECRET not in printed  # its own environment is the scrubbed one
     finally:
         env.close()
-    monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "1")
+    # a hand-written entry that opted in needs only the first switch
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_GENERATED_ENV)
+    registry._ENTRIES.pop(env_id, None)
+    gym.registry.pop(env_id, None)
+    hand = _install(tmp_path / "hand", _offline_source(), origin="hand-written", sandbox=True)
     with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
-        gym.make(env_id).close()
+        gym.make(hand).close()
 
 
 def test_the_cli_flag_unsandboxed_sets_the_switch(monkeypatch, capsys):
@@ -434,9 +450,10 @@ def _plain(env_id: str) -> dict:
     return {**registry.worker_spec(trace_envs.get_entry(env_id)).to_dict(), "sandbox": "none"}
 
 
-def test_the_same_attacks_without_the_sandbox_do_reach_the_machine(tmp_path):
+def test_the_same_attacks_without_the_sandbox_do_reach_the_machine(tmp_path, monkeypatch):
     """The control of the test above: played unsandboxed, two of the attacks do what they try, so the
     checks above would see it (the sandbox, not a failed attack, is why they pass)."""
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_GENERATED_ENV, "1")
     LEAKS[0].unlink(missing_ok=True)
     try:
         env_id = _install(tmp_path / "files", (CORPUS / "attrgetter_os.py").read_text(encoding="utf-8"))

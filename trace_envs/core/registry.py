@@ -197,7 +197,7 @@ def worker_spec(entry: EnvEntry, **overrides: Any):
     root = path.parents[depth] if depth < len(path.parents) else path.parent
     bind = root / parts[0] if len(parts) > 1 or path.name == "__init__.py" else path
     return WorkerSpec(env_id=entry.id, module=module_name, cls=attr, module_root=str(root), bind=str(bind),
-                      **overrides)
+                      **{"generated": entry.generated, **overrides})
 
 
 def _cache_path(text: str) -> Path:

@@ -23,8 +23,10 @@ A worker that dies, hangs, exceeds a limit or breaks the protocol ends the episo
 
 Without bubblewrap a sandboxed env refuses to start (:class:`SandboxUnavailable`) unless the user
 says ``unsandboxed`` explicitly (the ``--unsandboxed`` CLI flag, ``TRACE_UNSANDBOXED=1``, or
-``trace_unsandboxed=True`` to ``gym.make``): it then runs in a plain subprocess with the same
-environment, limits and timeouts but with the user's file system and network, with a warning.
+``trace_unsandboxed=True`` to ``gym.make``): it then runs in a plain subprocess with the same scrubbed
+environment, limits and timeouts but with the user's file system and network, with a warning. A
+*generated* env needs a second switch as well (``TRACE_UNSANDBOXED_GENERATED=1``,
+``--unsandboxed-generated``): unsandboxed, nothing stops it reading what the user can.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ from . import wire
 
 #: Set to 1 to let sandboxed envs run without bubblewrap (a plain subprocess; with a warning).
 UNSANDBOXED_ENV = "TRACE_UNSANDBOXED"
+#: The second switch a *generated* env needs to run without bubblewrap (``--unsandboxed-generated``): unsandboxed,
+#: code a model wrote runs as you, and can read whatever you can (your files, the environment of your other
+#: processes through ``/proc/PID/environ``), so ``TRACE_UNSANDBOXED`` alone runs only hand-written ``sandbox: true``
+#: entries unsandboxed.
+UNSANDBOXED_GENERATED_ENV = "TRACE_UNSANDBOXED_GENERATED"
 #: The folder holding the ``trace_envs`` package the worker imports (the one this process runs).
 _TRACE_ENVS = Path(__file__).resolve().parents[1]
 _FAKETIME_LIBS = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -118,6 +125,7 @@ class WorkerSpec:
         limits: :class:`SandboxLimits`.
         sandbox: ``"auto"`` (bubblewrap, refusing without it unless unsandboxed is asked for) or ``"none"``
             (explicitly unsandboxed: a plain subprocess).
+        generated: the module is generated code: running it unsandboxed also needs ``TRACE_UNSANDBOXED_GENERATED``.
         strict: raise :class:`WorkerError` out of ``reset``/``step`` when the worker fails, instead of ending
             the episode with ``env_error`` (admission: a check stops at the first failure).
     """
@@ -133,6 +141,7 @@ class WorkerSpec:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     sandbox: str = "auto"
     strict: bool = False
+    generated: bool = False
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "none"):
@@ -174,6 +183,21 @@ def unsandboxed_requested(explicit: bool | None = None) -> bool:
     if explicit is not None:
         return bool(explicit)
     return os.environ.get(UNSANDBOXED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def generated_unsandboxed_allowed() -> bool:
+    """Whether the user gave the second switch that lets *generated* code run without bubblewrap."""
+    return os.environ.get(UNSANDBOXED_GENERATED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def refuse_unsandboxed_generated(env_id: str, why: str) -> str | None:
+    """Why a generated env may not run unsandboxed now (None when both switches were given)."""
+    if generated_unsandboxed_allowed():
+        return None
+    return (f"{env_id} is generated code and {why}. {UNSANDBOXED_ENV}=1 (--unsandboxed) alone does not run generated "
+            f"code unsandboxed: set also {UNSANDBOXED_GENERATED_ENV}=1 (--unsandboxed-generated), knowing that it "
+            "then runs as you and can read your files, the network and your other processes' environments; or "
+            "install bubblewrap (`apt-get install -y bubblewrap`)")
 
 
 def faketime_library() -> str | None:
@@ -691,6 +715,9 @@ class SandboxedEnv(gym.Env):
                     f"{self.spec_worker.env_id} runs only in a sandbox, and {why}. To run it anyway, without "
                     f"file-system and network isolation, pass --unsandboxed (CLI), set {UNSANDBOXED_ENV}=1, or "
                     "pass trace_unsandboxed=True to gym.make")
+            refusal = refuse_unsandboxed_generated(self.spec_worker.env_id, why) if self.spec_worker.generated else None
+            if refusal:
+                raise SandboxUnavailable(refusal)
             warnings.warn(f"{self.spec_worker.env_id}: running a generated env WITHOUT a sandbox ({why}); it can "
                           "read your files and reach the network", RuntimeWarning, stacklevel=2)
         self.trusted_write_tools: set[str] | None = None
