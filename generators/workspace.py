@@ -87,8 +87,10 @@ class Workspace:
         return self.envs / f"{name}_v{version}.py"
 
     def install(self, source: str, registration: dict, *, capability: str, name: str, version: int, target: str,
-                origin: str, report=None) -> tuple[Path, Path | None, Path | None]:
+                origin: str, report=None, hint: str | None = None) -> tuple[Path, Path | None, Path | None]:
         """Write the module and its report, then append its entry to ``registry.yaml`` (locked, atomic).
+
+        ``hint`` is hint mode's text, from the generator's own spec (trusted); the module's texts never are.
 
         Raises :class:`WorkspaceError` if the id or the module file exists already (nothing is overwritten).
         """
@@ -109,7 +111,7 @@ class Workspace:
                                 capability=capability, target=target,
                                 max_episode_steps=registration["max_episode_steps"],
                                 kwargs=registration.get("kwargs") or {}, origin=origin,
-                                description=registration["description"])
+                                description=registration["description"], hint=hint)
             text = self.registry.read_text(encoding="utf-8") if self.registry.exists() else ""
             if text and not text.endswith("\n"):
                 text += "\n"
@@ -135,7 +137,9 @@ def _entry_yaml(**fields) -> str:
     # JSON scalars and flow mappings are valid YAML: no PyYAML needed to write an entry.
     lines = [f"- id: {fields['env_id']}"]
     for key in ("entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs", "origin",
-                "description"):
+                "description", "hint"):
+        if key == "hint" and not fields.get("hint"):
+            continue
         value = {"kind": "capability", "requires": []}.get(key, fields.get(key))
         lines.append(f"  {key}: {json.dumps(value, ensure_ascii=False, sort_keys=True)}")
     return "\n".join(lines) + "\n"

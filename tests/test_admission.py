@@ -31,7 +31,7 @@ BAD = sorted(p for p in CORPUS.glob("*.py"))
 LEAK = Path("/tmp/trace_bad_module_wrote_this")
 #: Small sizes: the corpus needs each defect caught, not a precise calibration.
 LIGHT = AdmissionConfig(timeout_s=120, import_timeout_s=12, n_seeds=4, digest_seeds=3, probe_seeds=6,
-                        calibration_groups=4, calibration_group_size=8)
+                        calibration_groups=4, calibration_group_size=8, warm_resets=300)
 
 
 def _expect(path: Path) -> tuple[str, str]:

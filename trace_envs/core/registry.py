@@ -35,7 +35,9 @@ from typing import Any
 ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
 KINDS = ("target", "capability")
 FIELDS = ("id", "entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs",
-          "origin", "description", "sandbox")
+          "origin", "description", "sandbox", "hint")
+#: The most characters of a registry ``hint`` (and of any text hint mode puts in a prompt from a registry entry).
+HINT_BOUND = 2000
 #: The entry point that ``gym.make`` calls for a sandboxed entry (DESIGN.md, "Sandboxing").
 SANDBOX_ENTRY_POINT = "trace_envs.core.sandboxed:SandboxedEnv"
 BUILTIN_REGISTRY = Path(__file__).resolve().parent.parent / "registry.yaml"
@@ -61,6 +63,7 @@ class EnvEntry:
     origin: str = "hand-written"
     source: str = ""
     sandbox: bool = False
+    hint: str | None = None  # hint mode's text; for a generated env, written by the generator from its spec
 
     @property
     def module(self) -> str:
@@ -156,9 +159,40 @@ def validate_entry(raw: Any, source: str, index: int, import_entry_point: bool =
         raise _fail(source, index, entry_id, "requires must be a list of strings", "write e.g. `requires: [docker]`")
     if not isinstance(kwargs, dict):
         raise _fail(source, index, entry_id, "kwargs must be a mapping", "write e.g. `kwargs: {domain: airline}`")
+    hint = raw.get("hint")
+    if hint is not None and not (isinstance(hint, str) and len(hint) <= HINT_BOUND):
+        raise _fail(source, index, entry_id, f"hint must be a string of at most {HINT_BOUND} characters",
+                    "shorten the hint (or remove it)")
     return EnvEntry(id=entry_id, entry_point=ep, kind=raw["kind"], description=str(raw["description"]),
                     capability=raw.get("capability"), target=raw.get("target"), max_episode_steps=steps,
-                    requires=tuple(requires), kwargs=dict(kwargs), origin=origin, source=source, sandbox=sandbox)
+                    requires=tuple(requires), kwargs=dict(kwargs), origin=origin, source=source, sandbox=sandbox,
+                    hint=hint)
+
+
+def prompt_hint(entry: EnvEntry) -> str:
+    """The text GRPO's hint mode may put in a system prompt for ``entry`` (when the run gives none).
+
+    A hand-written env's own ``hint_text``, else its registry description. A generated env's texts are data,
+    never prompt text: not its module's ``hint_text`` (read from its worker), not its ``REGISTRATION``
+    description, nor anything else the module wrote. Its hint is the registry's ``hint``, which only the
+    generator writes, from its own spec; else the hint of the built-in env that teaches the same capability
+    (trusted code); else one naming the capability.
+    """
+    if not entry.generated:
+        own = getattr(entry.load_class(), "hint_text", None)
+        if isinstance(own, str) and own.strip():
+            return own.strip()[:HINT_BOUND]
+        return f"Hint ({entry.capability or entry.id}): {entry.description}"[:HINT_BOUND]
+    if entry.hint and entry.hint.strip():
+        return entry.hint.strip()[:HINT_BOUND]
+    if entry.capability:
+        for other in _ENTRIES.values():
+            if other.capability == entry.capability and other.kind == "capability" and not other.sandbox:
+                own = getattr(other.load_class(), "hint_text", None)
+                if isinstance(own, str) and own.strip():
+                    return own.strip()[:HINT_BOUND]
+    what = entry.capability or entry.id
+    return f"Hint ({what}): this task tests the {what.replace('_', ' ')} capability."
 
 
 def _module_file(module_name: str, source: str) -> Path | None:

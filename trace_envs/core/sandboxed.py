@@ -580,6 +580,7 @@ class WorkerProcess:
 
 # ------------------------------------------------------------------------------------------------ the class, described
 _DESCRIBED: dict[tuple[str, str, str], type] = {}
+_DESCRIBE_BOUND = 2000  # characters of a worker-given hint_text kept (registry.HINT_BOUND)
 
 
 def stand_in_class(entry: Any) -> type:
@@ -610,11 +611,14 @@ def stand_in_class(entry: Any) -> type:
         SandboxedEnv.__init__(self, trace_env_id=entry.id, **kwargs)
 
     __init__.__signature__ = inspect.Signature(params)
+    # What the worker says is untrusted data: bounded here. A generated module's hint_text is kept (as data,
+    # for display) but never becomes a prompt: registry.prompt_hint ignores it.
     hint = desc.get("hint_text")
+    hint = hint[:_DESCRIBE_BOUND] if isinstance(hint, str) else None
     name = desc.get("name") if isinstance(desc.get("name"), str) and desc["name"].isidentifier() else "SandboxedEnv"
-    cls = type(name, (SandboxedEnv,), {"__init__": __init__, "hint_text": hint if isinstance(hint, str) else None,
-                                       "__doc__": str(desc.get("doc") or SandboxedEnv.__doc__),
-                                       "__module__": __name__})
+    cls = type(name[:100], (SandboxedEnv,), {"__init__": __init__, "hint_text": hint,
+                                             "__doc__": str(desc.get("doc") or SandboxedEnv.__doc__)[:4000],
+                                             "__module__": __name__})
     _DESCRIBED[key] = cls
     return cls
 
