@@ -67,6 +67,7 @@ class AdmissionConfig:
         calibration_deficit, calibration_random: its chances to play the deficit / random agent.
         calibration_agent: calibrate against this registered scripted agent instead (e.g. ``tau:noisy``;
             built per group member with its sampling seed), as ``trace envs calibrate --agent`` does.
+        replays: calibration episodes (one per group) replayed in a fresh worker, whose reward must not change.
         warm_resets: resets (on drawn seeds) of one worker before every probe plays again in it: at least as
             many as one worker of a training run sees, so a module cannot switch on after admission's count.
         sandbox: ``"auto"`` (bubblewrap; without it, refuse unless ``TRACE_UNSANDBOXED`` is set),
@@ -82,12 +83,13 @@ class AdmissionConfig:
     digest_seeds: int = 4
     probe_seeds: int = 16
     probe_bound: float = PROBE_BOUND
-    calibration_groups: int = 24
+    calibration_groups: int = 64
     calibration_group_size: int = 8
     calibration_deficit: float = 0.4
     calibration_random: float = 0.25
     calibration_agent: str | None = None
     warm_resets: int = 1000
+    replays: int = 8
     sandbox: str = "auto"
     seed_draw: int | None = None
 
@@ -371,7 +373,23 @@ class _Session:
             if terminated or truncated:
                 break
         return {"reward": sum(rewards), "success": bool(info.get("success")), "steps": len(rewards),
-                "actions": json.dumps(actions, sort_keys=True, default=str)}
+                "actions": json.dumps(actions, sort_keys=True, default=str), "raw_actions": actions}
+
+
+class Replay:
+    """Plays a recorded episode's actions again, in order (then empty turns)."""
+
+    name = "replay"
+
+    def __init__(self, actions: list):
+        self.actions = list(actions)
+
+    def reset(self, env, observation, info) -> None:
+        self.k = 0
+
+    def __call__(self, observation, info):
+        self.k = getattr(self, "k", 0) + 1
+        return self.actions[self.k - 1] if self.k <= len(self.actions) else ""
 
 
 def _digest(env, seed: int) -> str:
@@ -728,6 +746,21 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
         if bad:
             raise CheckFailed("the same actions on the same seed earned different rewards when played again in one "
                               f"worker ({'; '.join(bad[:3])}): the reward depends on earlier episodes",
+                              figure=f"{len(bad)} of {pairs} replays differ")
+        # ... and the last member of each group, replayed in a fresh worker (its seed's first play there).
+        env = session.make()
+        try:
+            for seed, eps in session.groups[:cfg.replays]:
+                again = session.episode(env, Replay(eps[-1]["raw_actions"]), seed)
+                pairs += 1
+                if abs(again["reward"] - eps[-1]["reward"]) > 1e-9:
+                    bad.append(f"seed {seed}: {eps[-1]['reward']:.3f} in the calibration's worker, {again['reward']:.3f} "
+                               "replayed in a fresh one")
+        finally:
+            env.close()
+        if bad:
+            raise CheckFailed("the same actions on the same seed earned different rewards in two workers "
+                              f"({'; '.join(bad[:3])}): the reward depends on earlier episodes in the worker",
                               figure=f"{len(bad)} of {pairs} replays differ")
         return f"{pairs} replays identical"
 

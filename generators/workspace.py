@@ -27,6 +27,8 @@ from pathlib import Path
 
 #: Namespace of generated env ids (``gen/<name>-v<N>``).
 NAMESPACE = "gen"
+#: The workspace's quarantine (ids the use-time audit caught; :mod:`generators.audit`), beside registry.yaml.
+QUARANTINE_FILE = "quarantine.json"
 
 
 class WorkspaceError(RuntimeError):
@@ -117,6 +119,31 @@ class Workspace:
                 text += "\n"
             self._replace(text + entry)
         return module, report_json, report_md
+
+    @property
+    def quarantine_file(self) -> Path:
+        return self.root / QUARANTINE_FILE
+
+    def quarantine(self, env_id: str, reason: str) -> Path:
+        """Record ``env_id`` as quarantined (the use-time audit caught it): its sandboxed worker refuses to
+        start until the entry is removed from ``quarantine.json`` by hand. The module and its registry entry
+        stay, as evidence. Returns the quarantine file."""
+        import json
+        import time
+
+        with self.lock():
+            try:
+                data = json.loads(self.quarantine_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = {}
+            if not isinstance(data, dict):
+                data = {}
+            data[env_id] = {"reason": reason[:4000], "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            fd, tmp = tempfile.mkstemp(prefix=".quarantine.", suffix=".json", dir=self.root)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, self.quarantine_file)
+        return self.quarantine_file
 
     def _replace(self, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".registry.", suffix=".yaml", dir=self.root)

@@ -31,7 +31,8 @@ BAD = sorted(p for p in CORPUS.glob("*.py"))
 LEAK = Path("/tmp/trace_bad_module_wrote_this")
 #: Small sizes: the corpus needs each defect caught, not a precise calibration.
 LIGHT = AdmissionConfig(timeout_s=120, import_timeout_s=12, n_seeds=4, digest_seeds=3, probe_seeds=6,
-                        calibration_groups=4, calibration_group_size=8, warm_resets=300)
+                        calibration_groups=4, calibration_group_size=8, warm_resets=300,
+                        seed_draw=58)  # a fixed draw: the corpus's verdicts do not vary from run to run
 
 
 def _expect(path: Path) -> tuple[str, str]:
@@ -63,7 +64,7 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     LEAK.unlink(missing_ok=True)
     before = child_pids()
     # a module expected to pass gets the default calibration (LIGHT's 4 groups are too few for its band)
-    config = AdmissionConfig(n_seeds=4, probe_seeds=6) if row_name == "admitted" else LIGHT
+    config = AdmissionConfig(n_seeds=4, probe_seeds=6, seed_draw=58) if row_name == "admitted" else LIGHT
     result = admit_module(path.read_text(encoding="utf-8"), capability="precondition_verification",
                           target_env="trace/tau_airline-v0", workspace=workspace, run_dir=run, config=config)
     report = json.loads(result.report_json.read_text())
@@ -72,9 +73,12 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     assert not LEAK.exists() and child_pids() <= before
     if row_name == "admitted":
         assert result.admitted, result.reason
-        # what it printed is in the report, marked untrusted, and changed no verdict
-        assert report["output_tail"].startswith("[UNTRUSTED") and "LOOT" in report["output_tail"]
+        if "print(" in path.read_text(encoding="utf-8"):
+            # what it printed is in the report, marked untrusted, and changed no verdict
+            assert report["output_tail"].startswith("[UNTRUSTED") and "LOOT" in report["output_tail"]
         assert "root:x:0:0" not in report["output_tail"] and "trace-test-secret" not in report["output_tail"]
+        if words != "harmless":  # what the report must show of it
+            assert words in json.dumps(report["module_texts"]) and words in result.report_md.read_text()
         return
     assert not result.admitted and result.env_id is None and result.module is None
     if row_name == "any":

@@ -109,13 +109,14 @@ def _task_labels(env: gym.Env) -> tuple[dict, str | None]:
 
 class _Episode:
     __slots__ = ("key", "env", "agent", "obs", "info", "steps", "reward", "done", "truncated", "t0", "reset_s",
-                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task")
+                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task", "actions")
 
     def __init__(self, key: Key, env: gym.Env, agent: Any, cap: int) -> None:
         self.key, self.env, self.agent, self.cap = key, env, agent, cap
         self.steps, self.reward, self.done, self.truncated = 0, 0.0, False, False
         self.agent_s = self.env_s = 0.0
         self.agent_errors = 0
+        self.actions: list = []  # what was sent: the use-time audit of generated envs replays it
 
 
 def jsonl_line(record: dict) -> bytes:
@@ -166,6 +167,15 @@ def _rewrite(path: Path, records: list[dict]) -> None:
 
 def _is_agent_error(action: Any) -> bool:
     return isinstance(action, str) and action.startswith("<tool_call>[agent error]")
+
+
+def _generated(env_id: str) -> bool:
+    import trace_envs
+
+    try:
+        return trace_envs.get_entry(env_id).generated
+    except KeyError:
+        return False
 
 
 def _record(ep: _Episode, agent_name: str) -> dict:
@@ -248,7 +258,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                  env_kwargs: dict | Callable[[str], dict] | None = None, max_steps: int | None = None, progress: bool = True,
                  agent_name: str | None = None, keep_records: bool = False,
                  retry_env_errors: bool = False, keys: Sequence[Key] | None = None,
-                 on_record: Callable[[dict], None] | None = None) -> RolloutSummary:
+                 on_record: Callable[[dict], None] | None = None, audit: Any = True) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:
@@ -272,6 +282,10 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             ``(env_id, seed, sample)`` episodes, in this order (what a Ray actor runs of a larger rollout);
             ``env_ids``, ``seeds`` and ``samples`` are then ignored.
         on_record: called with each finished episode's record as it ends (after it is written to ``out``).
+        audit: audit the generated envs while they are played (:mod:`generators.audit`: a sample of episodes
+            replayed in a second worker and by the reward-hacking probes; a failure raises ``AuditFailure``
+            and quarantines the module). True (default) audits with ``TRACE_AUDIT_RATE``; an ``Auditor``
+            is used as given (and not closed); False turns it off.
 
     Before the first episode every env id is made once and its ``preflight()`` called (an SWE env checks
     Docker and builds its base image there): an env that cannot run on this machine raises
@@ -352,6 +366,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                 records.append(record)
             if on_record is not None:
                 on_record(record)
+            if auditor is not None:
+                auditor.observe(record, ep.actions)  # raises AuditFailure: the run stops
             free_envs.setdefault(ep.key[0], []).append(ep.env)
             if _env_failed(record):
                 env_errors += 1
@@ -367,6 +383,11 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                             **({"env_errors": env_errors} if env_errors else {}),
                             eps=f"{ran / elapsed:.2f}/s" if elapsed > 0 else "-")
 
+        auditor = None
+        if audit and any(_generated(e) for e in dict.fromkeys(k[0] for k in pending)):
+            from generators.audit import Auditor
+
+            auditor = audit if not isinstance(audit, bool) else Auditor()
         try:
             for env_id in dict.fromkeys(k[0] for k in pending):  # every env can run here, before any episode
                 env = take_env(env_id)
@@ -398,6 +419,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                 still_open = []
                 for e, action in zip(open_eps, actions):
                     e.agent_errors += int(_is_agent_error(action))
+                    if auditor is not None:
+                        e.actions.append(action)
                     t3 = time.perf_counter()
                     e.obs, r, terminated, truncated, e.info = e.env.step(action)
                     e.env_s += time.perf_counter() - t3
@@ -418,6 +441,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                     env.close()
                 except Exception:  # closing must not hide the real error
                     logger.exception("closing an env failed")
+            if auditor is not None and auditor is not audit:
+                auditor.close()
         seconds = time.perf_counter() - t_start
         return RolloutSummary(
             path=path, total=len(todo), skipped=skipped, ran=ran,

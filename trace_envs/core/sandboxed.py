@@ -200,6 +200,25 @@ def refuse_unsandboxed_generated(env_id: str, why: str) -> str | None:
             "install bubblewrap (`apt-get install -y bubblewrap`)")
 
 
+def quarantined(spec: WorkerSpec) -> str | None:
+    """Why ``spec``'s env may not start: its workspace (the folder its module imports from) quarantined it
+    (``quarantine.json``, written by the use-time audit, :mod:`generators.audit`); None when it is not."""
+    import json
+
+    path = Path(spec.module_root or ".") / "quarantine.json"
+    if not spec.module_root or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"{spec.env_id}: its workspace's quarantine file {path} cannot be read; fix or remove it"
+    if isinstance(data, dict) and spec.env_id in data:
+        reason = data[spec.env_id].get("reason", "") if isinstance(data[spec.env_id], dict) else ""
+        return (f"{spec.env_id} is quarantined ({path}): {str(reason)[:500]}. Remove its entry from that file only "
+                "once the module has been read and fixed (better: generate it again)")
+    return None
+
+
 def faketime_library() -> str | None:
     """libfaketime's path when the ``faketime`` package is installed (used to shift a worker's clock)."""
     return next((p for p in _FAKETIME_LIBS if os.path.exists(p)), None)
@@ -707,6 +726,9 @@ class SandboxedEnv(gym.Env):
             trace_worker = {**trace_worker, "limits": {**asdict(WorkerSpec.from_dict(trace_worker).limits),
                                                        **trace_limits}}
         self.spec_worker = WorkerSpec.from_dict(trace_worker)
+        why_quarantined = quarantined(self.spec_worker)
+        if why_quarantined:
+            raise SandboxUnavailable(why_quarantined)
         self.env_kwargs = dict(kwargs)
         self.render_mode = render_mode
         ok, why = bwrap_status()
