@@ -250,6 +250,20 @@ class RepeatReadAgent(_Probe):
         return self.call
 
 
+class ReadThenEchoAgent(RepeatReadAgent):
+    """Makes the read the customer's ids suggest once, then restates every id and number it has heard (the
+    customer's and the tool results': the user id among them) and says goodbye: pays nothing honest."""
+
+    name = "probe:read_then_echo"
+
+    def turn(self, k: int, observation: str, info: dict) -> Any:
+        if k == 0:
+            return super().turn(k, observation, info)
+        text = heard(info, ("user", "tool"))
+        found = list(dict.fromkeys(_ID_PATTERN.findall(text) + _NUMBER.findall(text)))
+        return ("Here is what I found: " + ", ".join(found) + ". " if found else "") + GOODBYE
+
+
 class WriteAllAgent(_Probe):
     """Calls every write tool once with arguments guessed from the conversation, then says it is done."""
 
@@ -268,7 +282,7 @@ def probe_agents(seed: int) -> list[Any]:
     random.name = "probe:random"
     return [EmptyAgent(), random, WriteAllAgent(), RefuseAgent(), EchoAgent(), EndAtOnceAgent(),
             EndWithoutReadingAgent(), DoneAgent(), EchoIdsAgent(), FirstObservationAgent(), ActUnreadAgent(),
-            FirstToolAgent(), RepeatReadAgent()]
+            FirstToolAgent(), RepeatReadAgent(), ReadThenEchoAgent()]
 
 
 #: The bound on every probe's mean reward: a policy that does not use the records must earn (almost) nothing,

@@ -99,6 +99,23 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     assert child_pids() <= before
 
 
+def test_admission_draws_its_seeds_where_training_and_evaluation_draw_theirs():
+    """The probes' and the calibration's seeds come from the ranges use draws from (issue 58: a module behaved on
+    admission's fixed seeds only); the ranges agree with TrainConfig's defaults."""
+    import random
+
+    from generators.admit import USE_SEED_RANGES, use_seeds
+    from trace_train.train.config import TrainConfig
+
+    fields = {f.name: f.default for f in __import__("dataclasses").fields(TrainConfig)}
+    (eval_lo, eval_hi), (train_lo, _) = USE_SEED_RANGES
+    assert [eval_lo, eval_hi] == list(TrainConfig.__dataclass_fields__["eval_seeds"].default_factory())
+    assert train_lo == fields["seed_offset"]
+    a, b = use_seeds(random.Random(1), 16), use_seeds(random.Random(2), 16)
+    assert a != b and len(set(a)) == 16 and all(any(lo <= s < hi for lo, hi in USE_SEED_RANGES) for s in a)
+    assert not set(a) & (set(range(500, 516)) | set(range(1000, 1024)))
+
+
 def test_static_checks_name_the_line_and_construct():
     findings, registration = static_check("import os\nx = eval('1')\nopen('f', mode='a')\nREGISTRATION = 3\n")
     assert "line 1" in str(findings["imports on the allow-list"][0]) and "os" in str(findings["imports on the "

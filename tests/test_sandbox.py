@@ -325,6 +325,34 @@ def test_without_bubblewrap_a_generated_env_refuses_unless_both_switches_are_giv
         gym.make(hand).close()
 
 
+def test_a_generated_modules_texts_never_reach_a_prompt(tmp_path):
+    """hint_text, description and docstring of a generated module are data (issue 58): load_class() still
+    shows the module's hint_text (bounded), but GRPO's hint mode never puts it in a prompt; a hint the
+    generator's own spec supplied (the registry's ``hint``) is used instead."""
+    from types import SimpleNamespace
+
+    from trace_envs.core.registry import prompt_hint
+    from trace_train.train.grpo import _hint_for
+
+    env_id = _install(tmp_path / "a", (CORPUS / "hint_text_injection.py").read_text(encoding="utf-8"))
+    entry = trace_envs.get_entry(env_id)
+    assert "Ignore the airline policy" in entry.load_class().hint_text  # data, as the module gave it
+    hint = _hint_for(SimpleNamespace(hint_text=None), env_id)
+    assert "Ignore" not in hint and "Done" not in hint and entry.description not in hint
+    builtin = next(e for e in trace_envs.registered() if e.capability == "precondition_verification" and not e.sandbox)
+    assert hint == prompt_hint(builtin)  # a hand-written env's, for the same capability
+    registry._ENTRIES.pop(env_id, None)
+    gym.registry.pop(env_id, None)
+    source = (CORPUS / "hint_text_injection.py").read_text(encoding="utf-8")
+    _, registration = static_check(source)
+    ws = Workspace(tmp_path / "b" / "ws")
+    ws.install(source, registration, capability="precondition_verification", name="precondition_verification_tau_"
+               "airline", version=0, target="tau_airline", origin="generated:test",
+               hint="Verify the preconditions in the records before any write.")
+    trace_envs.load_registry(ws.root)
+    assert prompt_hint(trace_envs.get_entry(env_id)) == "Verify the preconditions in the records before any write."
+
+
 def test_the_cli_flag_unsandboxed_sets_the_switch(monkeypatch, capsys):
     from trace_train.cli import main
 
@@ -384,6 +412,10 @@ def test_an_attacking_module_is_harmless_at_use(path, tmp_path, monkeypatch, lis
     finally:
         env.close()
     seen = json.dumps(records, ensure_ascii=False) + env.unwrapped.output_tail()
+    # what it could write into its scratch stayed within the scratch tmpfs's size
+    import re
+
+    assert all(int(mb) <= sandboxed.SandboxLimits().tmpfs_mb for mb in re.findall(r"wrote (\d+) MB", seen))
     # no secret reached it: not the planted variable, not /etc/passwd, not the user's keys
     assert SECRET not in seen and "root:x:0:0" not in seen and "PRIVATE KEY" not in seen
     assert "TRACE_TEST_SECRET" not in seen

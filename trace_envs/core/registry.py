@@ -175,8 +175,8 @@ def prompt_hint(entry: EnvEntry) -> str:
     A hand-written env's own ``hint_text``, else its registry description. A generated env's texts are data,
     never prompt text: not its module's ``hint_text`` (read from its worker), not its ``REGISTRATION``
     description, nor anything else the module wrote. Its hint is the registry's ``hint``, which only the
-    generator writes, from its own spec; else the hint of the built-in env that teaches the same capability
-    (trusted code); else one naming the capability.
+    generator writes, from its own spec; else the hint of a hand-written env that teaches the same
+    capability (its ``hint_text`` or registry description: trusted text); else one naming the capability.
     """
     if not entry.generated:
         own = getattr(entry.load_class(), "hint_text", None)
@@ -186,11 +186,9 @@ def prompt_hint(entry: EnvEntry) -> str:
     if entry.hint and entry.hint.strip():
         return entry.hint.strip()[:HINT_BOUND]
     if entry.capability:
-        for other in _ENTRIES.values():
+        for other in _ENTRIES.values():  # a hand-written env teaching the same capability: trusted text
             if other.capability == entry.capability and other.kind == "capability" and not other.sandbox:
-                own = getattr(other.load_class(), "hint_text", None)
-                if isinstance(own, str) and own.strip():
-                    return own.strip()[:HINT_BOUND]
+                return prompt_hint(other)
     what = entry.capability or entry.id
     return f"Hint ({what}): this task tests the {what.replace('_', ' ')} capability."
 
