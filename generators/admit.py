@@ -668,7 +668,7 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
 
     session.run("same seed twice on one instance", check_twice)
 
-    from .probes import PROBE_SUCCESS_BOUND, probe_agents
+    from .probes import PROBE_SUCCESS_BOUND, mean_bound, probe_agents
 
     for agent in probe_agents(probe_seeds[0]):
         def probe(agent=agent) -> str:
@@ -679,8 +679,8 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
                 env.close()
             rewards = [e["reward"] for e in eps]
             session.rewards.extend(rewards)
-            bound = cfg.probe_bound
-            success_bound = min(bound, PROBE_SUCCESS_BOUND)
+            bound = mean_bound(agent, cfg.probe_bound)
+            success_bound = min(cfg.probe_bound, PROBE_SUCCESS_BOUND)
             mean = sum(rewards) / len(rewards)
             success = sum(e["success"] for e in eps) / len(eps)
             figure = f"mean {mean:.3f} (bound {bound}), success {success:.2f} (bound {success_bound})"
@@ -781,8 +781,8 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
                 eps = [session.episode(env, agent, s) for s in seeds]
                 mean = sum(e["reward"] for e in eps) / len(eps)
                 success = sum(e["success"] for e in eps) / len(eps)
-                if mean > cfg.probe_bound or success > min(cfg.probe_bound, PROBE_SUCCESS_BOUND):
-                    raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} (bound {cfg.probe_bound}) after "
+                if mean > mean_bound(agent, cfg.probe_bound) or success > min(cfg.probe_bound, PROBE_SUCCESS_BOUND):
+                    raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} and succeeds on {success:.0%} after "
                                       f"{len(session.warm_seeds)} resets of its worker: the reward changes with how "
                                       "long the worker has run", figure=f"{agent.name} {mean:.3f}")
                 worst = max(worst, (mean, agent.name))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .probes import PROBE_BOUND, probe_agents
+from .probes import PROBE_BOUND, PROBE_SUCCESS_BOUND, mean_bound, probe_agents
 
 #: Environment variable overriding :attr:`AuditConfig.rate`.
 AUDIT_RATE_ENV = "TRACE_AUDIT_RATE"
@@ -96,7 +96,8 @@ def _play(env, agent, seed: int, cap: int) -> dict:
         steps += 1
         if terminated or truncated:
             break
-    return {"reward": total, "messages": info.get("messages", []), "termination": info.get("termination"),
+    return {"reward": total, "success": bool(info.get("success")), "messages": info.get("messages", []),
+            "termination": info.get("termination"),
             "env_error": info.get("env_error")}
 
 
@@ -113,6 +114,7 @@ class Auditor:
         self.audited: dict[str, int] = {}
         self.probe_sums: dict[tuple[str, str], float] = {}
         self.probe_counts: dict[tuple[str, str], int] = {}
+        self.probe_wins: dict[tuple[str, str], int] = {}
         self._probe_envs: dict[str, Any] = {}
         self._probe_resets: dict[str, int] = {}
         self._replay_envs: dict[str, tuple[Any, set[int]]] = {}
@@ -178,13 +180,17 @@ class Auditor:
             self._probe_resets[env_id] += 1
             key = (env_id, agent.name)
             self.probe_sums[key] = self.probe_sums.get(key, 0.0) + ep["reward"]
+            self.probe_wins[key] = self.probe_wins.get(key, 0) + int(ep["success"])
             self.probe_counts[key] = self.probe_counts.get(key, 0) + 1
-            n = self.probe_counts[key]
-            if self.probe_sums[key] > self.cfg.probe_bound * max(n, self.cfg.window):
+            n, window = self.probe_counts[key], max(self.probe_counts[key], self.cfg.window)
+            bound = mean_bound(agent, self.cfg.probe_bound)
+            if self.probe_sums[key] > bound * window or \
+                    self.probe_wins[key] > min(self.cfg.probe_bound, PROBE_SUCCESS_BOUND) * window:
                 self._fail(env_id, agent.name, seed,
-                           f"{agent.name} earned {self.probe_sums[key]:.3f} in {n} audited episode(s) (seed {seed} "
-                           f"last), above admission's bound of {self.cfg.probe_bound} mean over {self.cfg.window}: "
-                           "the env pays for behaviour that does not use the capability")
+                           f"{agent.name} earned {self.probe_sums[key]:.3f} and succeeded {self.probe_wins[key]} "
+                           f"time(s) in {n} audited episode(s) (seed {seed} last), above admission's bounds (mean "
+                           f"{bound}, success {min(self.cfg.probe_bound, PROBE_SUCCESS_BOUND)}, over at least "
+                           f"{self.cfg.window} episodes): the env pays for behaviour that does not use the capability")
 
     def _replay_env(self, env_id: str, seed: int):
         """A second worker (another hash seed and random state) that has not played ``seed`` yet."""

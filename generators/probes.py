@@ -255,6 +255,9 @@ class ReadThenEchoAgent(RepeatReadAgent):
     customer's and the tool results': the user id among them) and says goodbye: pays nothing honest."""
 
     name = "probe:read_then_echo"
+    #: It makes one legitimate read, which an env may credit partially (the built-in precondition env pays it
+    #: 0.08-0.5 mean, as the task goes): only its success rate is bounded (PROBE_SUCCESS_BOUND, as every probe's).
+    mean_bound = 1.0
 
     def turn(self, k: int, observation: str, info: dict) -> Any:
         if k == 0:
@@ -293,6 +296,11 @@ PROBE_NAMES = tuple(agent.name for agent in probe_agents(0))
 PROBE_BOUNDS = {name: PROBE_BOUND for name in PROBE_NAMES}
 #: Upper bound on each probe's success rate (reward 1.0): no probe should ever solve a task.
 PROBE_SUCCESS_BOUND = 0.05
+
+
+def mean_bound(agent: Any, bound: float) -> float:
+    """The mean-reward bound of ``agent``: ``bound``, or the probe's own larger one (a probe that reads)."""
+    return max(bound, float(getattr(agent, "mean_bound", 0.0)))
 
 
 # ---------------------------------------------------------------------------- decision probes
