@@ -18,6 +18,7 @@ Either stops the run with :class:`AuditFailure` naming the env, the probe (or th
 and quarantines the module in its workspace (:meth:`generators.workspace.Workspace.quarantine`): a
 quarantined env refuses to start until it is taken out of ``quarantine.json`` by hand.
 ``TRACE_AUDIT_RATE`` sets the sampled share (default 0.05; 0 audits only the first episode of each env).
+``run_rollouts`` uses one auditor per process (:func:`shared_auditor`), so a GRPO run's steps share it.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class Auditor:
         self._probe_envs: dict[str, Any] = {}
         self._probe_resets: dict[str, int] = {}
         self._replay_envs: dict[str, tuple[Any, set[int]]] = {}
+        self._sources: dict[str, tuple[str, str]] = {}
         self.seconds = 0.0
 
     @staticmethod
@@ -141,6 +143,7 @@ class Auditor:
         env_id = str(record.get("env_id"))
         if not self.watches(env_id) or record.get("termination") == "env_error":
             return
+        self._follow(env_id)
         self.episodes[env_id] = self.episodes.get(env_id, 0) + 1
         if not self._sampled(env_id, int(record["seed"]), int(record.get("sample", 0))):
             return
@@ -151,6 +154,26 @@ class Auditor:
             self.audit(env_id, int(record["seed"]), record, actions)
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def _follow(self, env_id: str) -> None:
+        """Start afresh for ``env_id`` when its registry entry now names another module (a reloaded registry)."""
+        from trace_envs.core.registry import get_entry
+
+        entry = get_entry(env_id)
+        where = (entry.source, entry.entry_point)
+        if self._sources.get(env_id, where) != where:
+            for envs in (self._probe_envs, self._replay_envs):
+                env = envs.pop(env_id, None)
+                try:
+                    (env[0] if isinstance(env, tuple) else env).close() if env is not None else None
+                except Exception:  # noqa: BLE001 - an old worker's close must not stop the run
+                    pass
+            for table in (self.episodes, self.audited, self._probe_resets):
+                table.pop(env_id, None)
+            for table in (self.probe_sums, self.probe_counts, self.probe_wins):
+                for key in [k for k in table if k[0] == env_id]:
+                    del table[key]
+        self._sources[env_id] = where
 
     # ------------------------------------------------------------------------------------ the two checks
     def audit(self, env_id: str, seed: int, record: dict, actions: list) -> None:
@@ -219,6 +242,8 @@ class Auditor:
         return self._probe_envs[env_id]
 
     def _fail(self, env_id: str, what: str, seed: int, detail: str) -> None:
+        if self in _SHARED:
+            _SHARED.remove(self)  # the next run starts a fresh auditor
         where = ""
         if self.cfg.quarantine:
             where = quarantine(env_id, f"audit at use: {what} on seed {seed}: {detail}")
@@ -235,6 +260,18 @@ class Auditor:
                 pass
         self._probe_envs.clear()
         self._replay_envs.clear()
+
+
+_SHARED: list[Auditor] = []
+
+
+def shared_auditor() -> Auditor:
+    """The process's auditor: one for every ``run_rollouts`` call of a run (GRPO calls it once per step), so the
+    first episode of each generated env is audited once per process, the sample is spread over the run, and
+    its workers (probe, replay) start once; they end with the process (or when an audit fails)."""
+    if not _SHARED:
+        _SHARED.append(Auditor())
+    return _SHARED[0]
 
 
 def quarantine(env_id: str, reason: str) -> str:

@@ -284,8 +284,9 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         on_record: called with each finished episode's record as it ends (after it is written to ``out``).
         audit: audit the generated envs while they are played (:mod:`generators.audit`: a sample of episodes
             replayed in a second worker and by the reward-hacking probes; a failure raises ``AuditFailure``
-            and quarantines the module). True (default) audits with ``TRACE_AUDIT_RATE``; an ``Auditor``
-            is used as given (and not closed); False turns it off.
+            and quarantines the module). True (default) uses the process's auditor
+            (``generators.audit.shared_auditor``, rate ``TRACE_AUDIT_RATE``); an ``Auditor`` is used as given;
+            False turns it off.
 
     Before the first episode every env id is made once and its ``preflight()`` called (an SWE env checks
     Docker and builds its base image there): an env that cannot run on this machine raises
@@ -385,9 +386,9 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
 
         auditor = None
         if audit and any(_generated(e) for e in dict.fromkeys(k[0] for k in pending)):
-            from generators.audit import Auditor
+            from generators.audit import shared_auditor
 
-            auditor = audit if not isinstance(audit, bool) else Auditor()
+            auditor = audit if not isinstance(audit, bool) else shared_auditor()
         try:
             for env_id in dict.fromkeys(k[0] for k in pending):  # every env can run here, before any episode
                 env = take_env(env_id)
@@ -441,8 +442,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                     env.close()
                 except Exception:  # closing must not hide the real error
                     logger.exception("closing an env failed")
-            if auditor is not None and auditor is not audit:
-                auditor.close()
+
         seconds = time.perf_counter() - t_start
         return RolloutSummary(
             path=path, total=len(todo), skipped=skipped, ran=ran,
