@@ -225,6 +225,8 @@ USE_SEED_RANGES = ((0, 100_000), (1_000_000, 1_100_000))
 #: Bounds on the texts a module hands the trusted side (characters); longer is rejected.
 TEXT_BOUNDS = {"hint_text": 2000, "doc": 4000, "description": 300, "tool": 1500}
 TEXT_SHOWN = 4000
+#: How much more the note-following deficit agent may earn than the plain one (mean reward over the probe seeds).
+NOTE_GAIN_BOUND = 0.1
 
 
 def dynamic_rows() -> list[str]:
@@ -234,7 +236,8 @@ def dynamic_rows() -> list[str]:
     probes = [f"probe: {a.name.split(':', 1)[1]}" for a in probe_agents(0)]
     return ["import", "tool schemas identical to the target's", "no tool the target lacks",
             "module texts are bounded data", *CONFORMANCE_ROWS, "determinism across two processes",
-            "same seed twice on one instance", *probes, "calibration", "same actions, same reward",
+            "same seed twice on one instance", *probes, "probe: obeys_a_note", "calibration",
+            "same actions, same reward",
             "probes in a long-used worker", "rewards in [0, 1]"]
 
 
@@ -725,6 +728,28 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
                               "easy or too hard for an agent lacking the capability", figure=figure)
         return figure
 
+    def obeys_a_note() -> str:
+        # The planted-deficit agent, plain and obeying any "refuse" note in what it reads: equal on an honest env
+        # (its texts say nothing of refusing); more for the note-follower means the decision is written into the
+        # opening message or the tool results.
+        from .probes import NoteFollowerAgent, deficit_agent
+
+        means = []
+        for agent in (NoteFollowerAgent(capability), deficit_agent(capability)):
+            env = session.make()
+            try:
+                eps = [session.episode(env, agent, s) for s in probe_seeds]
+            finally:
+                env.close()
+            means.append(sum(e["reward"] for e in eps) / len(eps))
+        figure = f"note-follower {means[0]:.3f}, deficit agent {means[1]:.3f} (gain bound {NOTE_GAIN_BOUND})"
+        if means[0] - means[1] > NOTE_GAIN_BOUND:
+            raise CheckFailed(f"an agent that obeys a note to refuse earns {means[0]:.3f} against {means[1]:.3f} "
+                              "without it: the decision is written into what the agent reads (the opening message "
+                              "or the tool results)", figure=figure)
+        return figure
+
+    session.run("probe: obeys_a_note", obeys_a_note)
     session.run("calibration", calibration)
 
     def same_actions() -> str:

@@ -393,3 +393,49 @@ class MixtureAgent:
 
     def __call__(self, observation: str, info: dict) -> Any:
         return self._current(observation, info)
+
+
+# ---------------------------------------------------------------------------- a decision written into the text
+#: Words by which a text tells the agent to refuse (a note an env should never write into what the agent reads).
+REFUSAL_CUE = re.compile(r"\b(refuse|refusal|deny|denied|decline|reject|ineligible|not eligible|must not|"
+                         r"do not proceed|should not proceed|not allowed|not permitted)\b", re.I)
+
+
+def _called_tool(action: Any) -> str | None:
+    text = action if isinstance(action, str) else ""
+    m = re.search(r"<tool_call>\s*(\{.*\})\s*</tool_call>", text, re.S)
+    if not m:
+        return None
+    try:
+        import json
+
+        return str(json.loads(m.group(1)).get("name"))
+    except (ValueError, AttributeError):
+        return None
+
+
+class NoteFollowerAgent:
+    """The planted-deficit agent that also obeys a note: when what it has heard (the customer's words and the
+    tool results) tells it to refuse, it refuses instead of making the write it was about to make. Against
+    an honest env it plays as the deficit agent does (honest records say nothing of refusing); against an env
+    that writes the decision into the opening message or the tool results it gains the refusals it needs.
+    Admission compares the two (``probe: obeys_a_note``)."""
+
+    name = "probe:obeys_a_note"
+
+    def __init__(self, capability: str):
+        self.inner = deficit_agent(capability)
+
+    def reset(self, env: Any, observation: str, info: dict) -> None:
+        self.refused = False
+        self.inner.reset(env, observation, info)
+
+    def __call__(self, observation: str, info: dict) -> Any:
+        if self.refused:
+            return GOODBYE
+        action = self.inner(observation, info)
+        name = _called_tool(action)
+        if name is not None and name in write_tools(info) and REFUSAL_CUE.search(heard(info, ("user", "tool"))):
+            self.refused = True
+            return REFUSAL
+        return action
