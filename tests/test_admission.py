@@ -165,7 +165,7 @@ def test_without_bubblewrap_admission_refuses_unless_unsandboxed_is_asked_for(tm
     with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
         result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
                               workspace=tmp_path / "ws", run_dir=tmp_path / "run2",
-                              config=AdmissionConfig(n_seeds=4, probe_seeds=6))  # the default calibration
+                              config=AdmissionConfig(n_seeds=4, probe_seeds=6, seed_draw=58))  # default calibration
     assert result.admitted, result.reason
     report = json.loads(result.report_json.read_text())
     assert report["sandbox"].startswith("plain subprocess") and "network NOT isolated" in report["warnings"][0]
