@@ -14,9 +14,17 @@ Generated code is untrusted, and the judge is never inside the judged. :func:`ad
     computed here: the tool schemas against the target's, the conformance suite
     (``check_trace_env``) on seeds drawn from the whole seed range, determinism across two worker
     processes with another ``PYTHONHASHSEED``, another date and another global ``random`` state (and the
-    same seed twice on one instance), the reward-hacking probes (:mod:`generators.probes`) and a
-    calibration. The worker's printed output is kept apart: truncated, marked untrusted in the
-    report, never read for results.
+    same seed twice on one instance), the texts the module hands over (bounded data, shown in the
+    report, never prompt text), the reward-hacking probes (:mod:`generators.probes`), a note-following
+    deficit agent against the plain one, a calibration, the same actions earning the same reward (in
+    one worker and replayed in a fresh one) and every probe again in a worker reset ``warm_resets``
+    times. The worker's printed output is kept apart: truncated, marked untrusted in the report,
+    never read for results.
+
+Admission is made to look like use from inside the worker: the module is staged under its name of use
+(``envs.<name>_vN``, the file alone at the fixed in-sandbox path use gives it), the worker has use's hash
+seed, limits and command line, and the probes' and calibration's seeds are drawn from the ranges training
+and evaluation draw from. What it still cannot see is left to the audit at use (:mod:`generators.audit`).
 
 Without bubblewrap the dynamic checks do not run unless running unsandboxed was asked for explicitly
 (``sandbox="none"``, ``--unsandboxed`` or ``TRACE_UNSANDBOXED=1``); the report says which sandbox ran.
