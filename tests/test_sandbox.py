@@ -357,8 +357,13 @@ def test_the_cli_flag_unsandboxed_sets_the_switch(monkeypatch, capsys):
     from trace_train.cli import main
 
     monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "0")  # recorded, so the flag's "1" is undone afterwards
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_GENERATED_ENV, raising=False)
     assert main(["envs", "list", "--unsandboxed"]) == 0
     assert os.environ[sandboxed.UNSANDBOXED_ENV] == "1" and "--unsandboxed" in capsys.readouterr().err
+    assert sandboxed.generated_unsandboxed_allowed() is False
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_GENERATED_ENV, "0")
+    assert main(["envs", "list", "--unsandboxed", "--unsandboxed-generated"]) == 0
+    assert sandboxed.generated_unsandboxed_allowed() and "--unsandboxed-generated" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ attacks at use
