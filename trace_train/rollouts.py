@@ -442,7 +442,6 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                     env.close()
                 except Exception:  # closing must not hide the real error
                     logger.exception("closing an env failed")
-
         seconds = time.perf_counter() - t_start
         return RolloutSummary(
             path=path, total=len(todo), skipped=skipped, ran=ran,
