@@ -696,9 +696,9 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
             success = sum(e["success"] for e in eps) / len(eps)
             figure = f"mean {mean:.3f} (bound {bound}), success {success:.2f} (bound {success_bound})"
             if mean > bound or success > success_bound:
-                raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} (bound {bound}) and succeeds on "
-                                  f"{success:.0%} of {len(probe_seeds)} seeds: the reward pays for behaviour that "
-                                  "does not use the capability", figure=figure)
+                raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} and succeeds on {success:.0%} of "
+                                  f"{len(probe_seeds)} seeds (bounds: mean {bound}, success {success_bound}): the "
+                                  "reward pays for behaviour that does not use the capability", figure=figure)
             return figure
 
         session.run(f"probe: {agent.name.split(':', 1)[1]}", probe)
