@@ -13,6 +13,12 @@ this process (only the benchmark does that; a trainer never imports a generated 
 * worker start: ``gym.make`` of the id until the env is ready (bubblewrap, the interpreter, importing
   ``trace_envs`` and the module, building the env; goal ≤ 0.5 s), median of ``--starts``.
 
+* the use-time audit (:mod:`generators.audit`): GRPO-sized steps (``--step-episodes`` episodes, in groups of
+  2 on a seed, as ``run_rollouts`` plays them) with the audit off and on (rate ``--audit-rate``, the first
+  episode always): audit seconds per step, against the same step's play time measured in this run and
+  against a GRPO step (``--grpo-step-s``; default 4.69 s, the tiny model's fast step measured by
+  ``bench/grpo_speed.py`` in docs/speed.md; goal <= 5%).
+
 Wall times depend on machine load (shared 2-core machines are slow); the ratio and the overhead in
 milliseconds are the figures to compare.
 
@@ -72,6 +78,10 @@ def main() -> None:
     parser.add_argument("--domain", default="airline", choices=["airline", "retail"])
     parser.add_argument("--episodes", type=int, default=20, help="seeds (each played by the oracle and a random agent)")
     parser.add_argument("--starts", type=int, default=7, help="worker starts to time")
+    parser.add_argument("--steps", type=int, default=30, help="GRPO-sized steps for the audit's cost")
+    parser.add_argument("--step-episodes", type=int, default=8, help="episodes per step (4 groups x 2: grpo_speed's)")
+    parser.add_argument("--audit-rate", type=float, default=0.05, help="the audit's sampled share")
+    parser.add_argument("--grpo-step-s", type=float, default=4.69, help="seconds of a GRPO step to compare with")
     args = parser.parse_args()
     ok, why = bwrap_status()
     print(f"sandbox: {'bubblewrap' if ok else 'NONE (' + why + '): timing the unsandboxed worker'}")
@@ -107,6 +117,7 @@ def main() -> None:
             env = gym.make(env_id)
             starts.append(time.perf_counter() - t0)
             env.close()
+        plain_s, audit_s, auditor = audit_cost(env_id, args)
     local_step, proxy_step = ls / ln, ps / pn
     print(f"env: {env_id} ({args.episodes} seeds x oracle + random; {ln} steps)")
     print(f"anchor  in-process step: {local_step * 1e3:8.3f} ms   reset: {lr / lrn * 1e3:8.2f} ms")
@@ -115,6 +126,44 @@ def main() -> None:
           f"ratio proxy / in-process: {proxy_step / local_step:.2f}x")
     print(f"worker start (gym.make): median {statistics.median(starts):.3f} s, min {min(starts):.3f} s, "
           f"max {max(starts):.3f} s over {len(starts)} (goal <= 0.5 s)")
+    per_step = auditor.seconds / args.steps
+    wall = (audit_s - plain_s) / args.steps
+    print(f"audit at use: {args.steps} steps x {args.step_episodes} episodes, rate {args.audit_rate}: "
+          f"{sum(auditor.audited.values())} episodes audited")
+    print(f"  play per step (anchor, this run): {plain_s / args.steps * 1e3:.1f} ms; audit per step: "
+          f"{per_step * 1e3:.1f} ms (wall difference {wall * 1e3:.1f} ms)")
+    print(f"  audit / GRPO step ({args.grpo_step_s:.2f} s): {per_step / args.grpo_step_s:.2%} (goal <= 5%); "
+          f"audit / the step's play: {per_step / (plain_s / args.steps):.2f}x")
+
+
+def audit_cost(env_id: str, args) -> tuple[float, float, "Auditor"]:
+    """(seconds of the steps without the audit, with it, the auditor): the same steps, audit off then on."""
+    from generators.audit import AuditConfig, Auditor
+    from trace_train.rollouts import run_rollouts
+
+    class Mixed:
+        name = "mixed"
+
+        def reset(self, env, observation, info):
+            self.inner = OracleAgent() if hash(observation) % 2 else RandomAgent(len(observation))
+            if hasattr(self.inner, "reset"):
+                self.inner.reset(env, observation, info)
+
+        def __call__(self, observation, info):
+            return self.inner(observation, info)
+
+    groups = args.step_episodes // 2
+    auditor = Auditor(AuditConfig(rate=args.audit_rate, seed=1))
+    out = []
+    for audit in (False, auditor):
+        t0 = time.perf_counter()
+        for step in range(args.steps):
+            seeds = range(1_000_000 + step * groups, 1_000_000 + (step + 1) * groups)
+            run_rollouts(env_id, Mixed(), seeds=seeds, samples=2, in_flight=args.step_episodes, progress=False,
+                         audit=audit)
+        out.append(time.perf_counter() - t0)
+    auditor.close()
+    return out[0], out[1], auditor
 
 
 if __name__ == "__main__":

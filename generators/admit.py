@@ -14,9 +14,17 @@ Generated code is untrusted, and the judge is never inside the judged. :func:`ad
     computed here: the tool schemas against the target's, the conformance suite
     (``check_trace_env``) on seeds drawn from the whole seed range, determinism across two worker
     processes with another ``PYTHONHASHSEED``, another date and another global ``random`` state (and the
-    same seed twice on one instance), the reward-hacking probes (:mod:`generators.probes`) and a
-    calibration. The worker's printed output is kept apart: truncated, marked untrusted in the
-    report, never read for results.
+    same seed twice on one instance), the texts the module hands over (bounded data, shown in the
+    report, never prompt text), the reward-hacking probes (:mod:`generators.probes`), a note-following
+    deficit agent against the plain one, a calibration, the same actions earning the same reward (in
+    one worker and replayed in a fresh one) and every probe again in a worker reset ``warm_resets``
+    times. The worker's printed output is kept apart: truncated, marked untrusted in the report,
+    never read for results.
+
+Admission is made to look like use from inside the worker: the module is staged under its name of use
+(``envs.<name>_vN``, the file alone at the fixed in-sandbox path use gives it), the worker has use's hash
+seed, limits and command line, and the probes' and calibration's seeds are drawn from the ranges training
+and evaluation draw from. What it still cannot see is left to the audit at use (:mod:`generators.audit`).
 
 Without bubblewrap the dynamic checks do not run unless running unsandboxed was asked for explicitly
 (``sandbox="none"``, ``--unsandboxed`` or ``TRACE_UNSANDBOXED=1``); the report says which sandbox ran.
@@ -55,8 +63,9 @@ class AdmissionConfig:
         call_timeout_s: limit of any one ``reset``/``step`` (an env slower than this on some seed fails).
         memory_mb: address-space limit of each worker process (``RLIMIT_AS``).
         n_seeds: seeds of the conformance suite (oracle, seed and determinism checks), drawn from the
-            whole seed range (so are the digest seeds); the probes and the calibration, whose figures are
-            statistics compared with bounds, keep fixed seeds.
+            whole seed range (so are the digest seeds); the probes' and the calibration's seeds are drawn
+            from the seeds training and evaluation use (:data:`USE_SEED_RANGES`): none is fixed, so a module
+            cannot behave on admission's seeds only.
         digest_seeds: seeds whose task digests are compared across two processes.
         probe_seeds: episodes per reward-hacking probe.
         probe_bound: the most mean reward each probe may earn (:data:`generators.probes.PROBE_BOUND`,
@@ -66,6 +75,9 @@ class AdmissionConfig:
         calibration_deficit, calibration_random: its chances to play the deficit / random agent.
         calibration_agent: calibrate against this registered scripted agent instead (e.g. ``tau:noisy``;
             built per group member with its sampling seed), as ``trace envs calibrate --agent`` does.
+        replays: calibration episodes (one per group) replayed in a fresh worker, whose reward must not change.
+        warm_resets: resets (on drawn seeds) of one worker before every probe plays again in it: at least as
+            many as one worker of a training run sees, so a module cannot switch on after admission's count.
         sandbox: ``"auto"`` (bubblewrap; without it, refuse unless ``TRACE_UNSANDBOXED`` is set),
             ``"bwrap"`` (required) or ``"none"`` (explicitly unsandboxed: a plain subprocess).
         seed_draw: the seed of the draw of check seeds (None: a fresh one, written in the report).
@@ -79,12 +91,13 @@ class AdmissionConfig:
     digest_seeds: int = 4
     probe_seeds: int = 16
     probe_bound: float = PROBE_BOUND
-    calibration_groups: int = 24
+    calibration_groups: int = 64
     calibration_group_size: int = 8
     calibration_deficit: float = 0.4
     calibration_random: float = 0.25
-    calibration_seed_offset: int = 1000
     calibration_agent: str | None = None
+    warm_resets: int = 1000
+    replays: int = 8
     sandbox: str = "auto"
     seed_draw: int | None = None
 
@@ -93,6 +106,8 @@ class AdmissionConfig:
             raise ValueError(f"sandbox must be auto, bwrap or none, got {self.sandbox!r}")
         if not 0.0 <= self.probe_bound < 1.0:
             raise ValueError(f"probe_bound must be in [0, 1), got {self.probe_bound!r}")
+        if self.warm_resets < 0:
+            raise ValueError(f"warm_resets must be >= 0, got {self.warm_resets!r}")
         if self.timeout_s <= 0 or self.import_timeout_s <= 0 or self.call_timeout_s <= 0 or self.memory_mb < 256:
             raise ValueError("timeouts must be positive and memory_mb at least 256")
 
@@ -127,6 +142,9 @@ class AdmissionReport:
     seconds: float = 0.0
     output_tail: str = ""  # what the module printed: untrusted, labelled as such, never read for results
     seeds: dict = field(default_factory=dict)
+    #: every text the module hands the trusted side (hint_text, docstring, description, answer tools' texts):
+    #: data, shown here, never put in a prompt (:func:`trace_envs.core.registry.prompt_hint`)
+    module_texts: dict = field(default_factory=dict)
 
     @property
     def admitted(self) -> bool:
@@ -150,7 +168,7 @@ class AdmissionReport:
                 "admitted": self.admitted, "reason": self.reason, "sandbox": self.sandbox,
                 "warnings": self.warnings, "seconds": round(self.seconds, 3), "registration": self.registration,
                 "checks": [asdict(r) | {"seconds": round(r.seconds, 3)} for r in self.rows],
-                "seeds": self.seeds, "output_tail": self.output_tail}
+                "seeds": self.seeds, "module_texts": self.module_texts, "output_tail": self.output_tail}
 
     def to_markdown(self) -> str:
         verdict = "ADMITTED" if self.admitted else "REJECTED"
@@ -167,6 +185,11 @@ class AdmissionReport:
         details = [r for r in self.rows if r.status == "failed" and "\n" in r.reason]
         for r in details:
             lines += ["", f"## {r.name}", "", "```", r.reason.strip(), "```"]
+        if self.module_texts:
+            lines += ["", "## Texts from the module (UNTRUSTED data: shown, never put in a prompt)", ""]
+            for key, text in self.module_texts.items():
+                shown = str(text)[:TEXT_SHOWN].replace("```", "` ` `")
+                lines += [f"- `{key}` ({len(str(text))} characters):", "", "```text", shown, "```", ""]
         return "\n".join(lines) + "\n"
 
     def feedback(self) -> str:
@@ -202,6 +225,16 @@ SANDBOX_NOTE = ("bubblewrap (no network, read-only file system but a private scr
                 "scrubbed environment, resource limits, per-call timeout)")
 #: Seeds are drawn from the whole range a seed may take (a task that breaks on large seeds must show it).
 SEED_RANGE = 2 ** 32
+#: The seeds an admitted env meets in use: evaluation's default range and training's first seeds
+#: (``TrainConfig.eval_seeds`` and ``seed_offset``; tests/test_admission.py checks they agree). The probes and
+#: the calibration draw their seeds from these, half from each, so a module cannot tell admission's seeds
+#: from training's.
+USE_SEED_RANGES = ((0, 100_000), (1_000_000, 1_100_000))
+#: Bounds on the texts a module hands the trusted side (characters); longer is rejected.
+TEXT_BOUNDS = {"hint_text": 2000, "doc": 4000, "description": 300, "tool": 1500}
+TEXT_SHOWN = 4000
+#: How much more the note-following deficit agent may earn than the plain one (mean reward over the probe seeds).
+NOTE_GAIN_BOUND = 0.1
 
 
 def dynamic_rows() -> list[str]:
@@ -209,9 +242,11 @@ def dynamic_rows() -> list[str]:
     from .probes import probe_agents
 
     probes = [f"probe: {a.name.split(':', 1)[1]}" for a in probe_agents(0)]
-    return ["import", "tool schemas identical to the target's", "no tool the target lacks", *CONFORMANCE_ROWS,
-            "determinism across two processes", "same seed twice on one instance", *probes, "calibration",
-            "rewards in [0, 1]"]
+    return ["import", "tool schemas identical to the target's", "no tool the target lacks",
+            "module texts are bounded data", *CONFORMANCE_ROWS, "determinism across two processes",
+            "same seed twice on one instance", *probes, "probe: obeys_a_note", "calibration",
+            "same actions, same reward",
+            "probes in a long-used worker", "rewards in [0, 1]"]
 
 
 # ------------------------------------------------------------------------------------------------ target
@@ -266,6 +301,9 @@ class _Session:
         self.outputs: list[tuple[str, str]] = []
         self.rewards: list[float] = []
         self.hung = ""  # after a per-call timeout the rest would only time out again: it is not run
+        self.calibration_seeds: list[int] = []
+        self.warm_seeds: list[int] = []
+        self.groups: list[tuple[int, list[dict]]] = []
 
     def make(self, **spec_overrides: Any):
         """A proxy of the candidate (``gym.make`` semantics: the registered wrappers included)."""
@@ -330,7 +368,7 @@ class _Session:
             raise CheckFailed(f"reset failed on seed {seed}: {info.get('env_error')}")
         if hasattr(agent, "reset"):
             agent.reset(env.unwrapped, obs, info)
-        rewards = []
+        rewards, actions = [], []
         for step in range(self.max_steps + 1):
             action = agent(obs, info)
             obs, reward, terminated, truncated, info = env.step(action)
@@ -342,9 +380,27 @@ class _Session:
                 raise CheckFailed(f"reward {reward} outside [0, 1] (seed {seed}, step {step}, agent "
                                   f"{getattr(agent, 'name', '?')})", figure=str(reward))
             rewards.append(reward)
+            actions.append(action)
             if terminated or truncated:
                 break
-        return {"reward": sum(rewards), "success": bool(info.get("success")), "steps": len(rewards)}
+        return {"reward": sum(rewards), "success": bool(info.get("success")), "steps": len(rewards),
+                "actions": json.dumps(actions, sort_keys=True, default=str), "raw_actions": actions}
+
+
+class Replay:
+    """Plays a recorded episode's actions again, in order (then empty turns)."""
+
+    name = "replay"
+
+    def __init__(self, actions: list):
+        self.actions = list(actions)
+
+    def reset(self, env, observation, info) -> None:
+        self.k = 0
+
+    def __call__(self, observation, info):
+        self.k = getattr(self, "k", 0) + 1
+        return self.actions[self.k - 1] if self.k <= len(self.actions) else ""
 
 
 def _digest(env, seed: int) -> str:
@@ -382,13 +438,20 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
 
     from trace_envs.core.registry import SANDBOX_ENTRY_POINT
     from trace_envs.core.sandboxed import SandboxLimits, WorkerSpec, bwrap_status, faketime_library, \
-        unsandboxed_requested
+        refuse_unsandboxed_generated, unsandboxed_requested
 
     names = dynamic_rows()
     rows = {n: CheckRow(n, "dynamic", "not run") for n in names}
     report.rows += list(rows.values())
     ok, why = bwrap_status()
     if cfg.sandbox == "none" or (not ok and cfg.sandbox == "auto" and unsandboxed_requested()):
+        refusal = refuse_unsandboxed_generated(report.env_id, why or "running unsandboxed was asked for")
+        if refusal:
+            report.sandbox = "not started: generated code runs unsandboxed only with a second switch"
+            for row in rows.values():
+                row.reason = refusal
+            rows["import"].status = "failed"
+            return
         unsandboxed = True
         report.sandbox = "plain subprocess (explicitly unsandboxed: no file-system or network isolation)"
         warn = ("admission ran the module WITHOUT a sandbox (sandbox='none' / --unsandboxed): a plain subprocess "
@@ -409,9 +472,11 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
     stage = work_dir.resolve() / "sandbox"
     if stage.exists():
         shutil.rmtree(stage)
-    stage.mkdir(parents=True)
-    module_name = "trace_candidate_" + registration["id"].split("/", 1)[1].replace("-", "_")
-    module_file = stage / f"{module_name}.py"
+    # Staged under the name and at the in-sandbox path it will have in a workspace (envs.<name>_v<N>, the
+    # file alone at a fixed path: trace_envs.core.sandboxed.SANDBOX_MODULE_ROOT): nothing tells the two apart.
+    (stage / "envs").mkdir(parents=True)
+    module_name = "envs." + _module_stem(registration["id"])
+    module_file = stage / "envs" / f"{_module_stem(registration['id'])}.py"
     module_file.write_text(source, encoding="utf-8")
     try:
         schemas, writes = _target(target_env, spec_schemas)
@@ -423,16 +488,20 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
     rng = random.Random(draw)
     conformance_seeds = _draw_seeds(rng, cfg.n_seeds)
     digest_seeds = _draw_seeds(rng, cfg.digest_seeds)
-    # The probes' and the calibration's figures are statistics with bounds: fixed seeds keep them reproducible.
-    probe_seeds = list(range(500, 500 + cfg.probe_seeds))
+    # The probes' and the calibration's seeds: drawn, from the seeds training and evaluation use (the draw is in
+    # the report, so a run is reproducible with AdmissionConfig.seed_draw).
+    probe_seeds = use_seeds(rng, cfg.probe_seeds)
+    calibration_seeds = use_seeds(rng, cfg.calibration_groups)
+    warm_seeds = use_seeds(rng, cfg.warm_resets)
     report.warnings += [] if faketime_library() else [
         "libfaketime is not installed (Debian package `faketime`): the cross-process determinism check could not "
         "shift the worker's clock, so a task that reads today's date is caught only across a date change"]
     limits = SandboxLimits(memory_mb=cfg.memory_mb, start_timeout_s=cfg.import_timeout_s,
                            call_timeout_s=cfg.call_timeout_s)
+    # The hash seed, the limits and the rest of the worker are those of use (registry.worker_spec's defaults).
     spec = WorkerSpec(env_id=registration["id"], module=module_name, cls=registration["class"],
-                      module_root=str(stage), bind=str(module_file), hash_seed=1, limits=limits)
-    worker = {**spec.to_dict(), "strict": True}  # a worker failure stops the check that met it
+                      module_root=str(stage), bind=str(stage / "envs"), limits=limits)
+    worker = {**spec.to_dict(), "strict": True, "generated": True}  # a worker failure stops the check that met it
     if unsandboxed:
         worker["sandbox"] = "none"
     env_id = registration["id"]
@@ -441,12 +510,31 @@ def _dynamic(report: AdmissionReport, source: str, registration: dict, capabilit
     gym.register(id=env_id, entry_point=SANDBOX_ENTRY_POINT, max_episode_steps=max_steps,
                  kwargs={"trace_worker": worker, **kwargs}, disable_env_checker=False)
     session = _Session(report, rows, cfg, env_id, worker, max_steps, kwargs, writes, unsandboxed)
-    report.seeds = {"draw": draw, "conformance": conformance_seeds, "digests": digest_seeds, "probes": probe_seeds}
+    session.calibration_seeds, session.warm_seeds = calibration_seeds, warm_seeds
+    report.seeds = {"draw": draw, "conformance": conformance_seeds, "digests": digest_seeds, "probes": probe_seeds,
+                    "calibration": calibration_seeds, "warm_resets": len(warm_seeds)}
     try:
         _checks(session, schemas, registration, capability, conformance_seeds, digest_seeds, probe_seeds)
     finally:
         gym.registry.pop(env_id, None)
         report.output_tail = _untrusted(session.outputs)
+
+
+def _module_stem(env_id: str) -> str:
+    """``gen/<name>-v<N>`` -> ``<name>_v<N>``: the module's file name in a workspace (Workspace.module_path)."""
+    name, _, version = env_id.split("/", 1)[1].rpartition("-v")
+    return f"{name}_v{version}"
+
+
+def use_seeds(rng: random.Random, n: int) -> list[int]:
+    """``n`` distinct seeds drawn from :data:`USE_SEED_RANGES`, alternating between them."""
+    seeds: list[int] = []
+    while len(seeds) < n:
+        lo, hi = USE_SEED_RANGES[len(seeds) % len(USE_SEED_RANGES)]
+        s = rng.randrange(lo, hi)
+        if s not in seeds:
+            seeds.append(s)
+    return seeds
 
 
 def _untrusted(outputs: list[tuple[str, str]]) -> str:
@@ -514,6 +602,42 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
 
     session.run("no tool the target lacks", check_no_extra)
 
+    def check_texts() -> str:
+        # Everything the module hands the trusted side as text is data: bounded, shown in the report, and
+        # never put in a prompt (the registry's prompt_hint ignores a generated module's hint_text).
+        env = session.make()
+        try:
+            desc = env.unwrapped._worker.call("describe")
+        finally:
+            env.close()
+        if "__error__" in desc:
+            raise CheckFailed(f"describing the env class failed: {desc['__error__'][:300]}")
+        texts = {"hint_text": desc.get("hint_text"), "doc": desc.get("doc"), "class name": desc.get("name"),
+                 "description": registration.get("description")}
+        for name in sorted(n for n in found if n not in target):
+            texts[f"tool {name}"] = json.dumps(found[name], sort_keys=True, ensure_ascii=False)
+        problems = []
+        for key, text in texts.items():
+            if text is None or text == "":
+                continue
+            if not isinstance(text, str):
+                problems.append(f"{key} is a {type(text).__name__}, not text")
+                continue
+            bound = TEXT_BOUNDS.get(key.split(" ", 1)[0], TEXT_BOUNDS["description"])
+            if len(text) > bound:
+                problems.append(f"{key} has {len(text)} characters (bound {bound})")
+            if any(ord(c) < 32 and c not in "\n\t" for c in text) or "\x7f" in text:
+                problems.append(f"{key} contains control characters")
+        session.report.module_texts = {k: (v[:TEXT_SHOWN] if isinstance(v, str) else repr(v)[:300])
+                                       for k, v in texts.items() if v not in (None, "")}
+        if problems:
+            raise CheckFailed("texts the module hands the trainer are out of bounds: " + "; ".join(problems))
+        shown = [k for k in session.report.module_texts]
+        return f"{len(shown)} text(s) shown in the report" + (" (hint_text is never put in a prompt)"
+                                                               if texts.get("hint_text") else "")
+
+    session.run("module texts are bounded data", check_texts)
+
     for (name, _), row in zip(CHECKS, CONFORMANCE_ROWS):
         def conformance(name=name) -> str:
             result = check_trace_env(session.env_id, seeds=conformance_seeds, only=[name]).results[0]
@@ -525,7 +649,7 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
 
     def check_processes() -> str:
         # Two workers that differ in PYTHONHASHSEED, the date and the global random state.
-        a = session.make(hash_seed=1, clock_shift_days=0, random_seed=0)
+        a = session.make(hash_seed=0, clock_shift_days=0, random_seed=None)  # use's worker
         b = session.make(hash_seed=2, clock_shift_days=400, random_seed=12345)
         try:
             da = [_digest(a, s) for s in digest_seeds]
@@ -555,7 +679,7 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
 
     session.run("same seed twice on one instance", check_twice)
 
-    from .probes import PROBE_SUCCESS_BOUND, probe_agents
+    from .probes import PROBE_SUCCESS_BOUND, mean_bound, probe_agents
 
     for agent in probe_agents(probe_seeds[0]):
         def probe(agent=agent) -> str:
@@ -566,15 +690,15 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
                 env.close()
             rewards = [e["reward"] for e in eps]
             session.rewards.extend(rewards)
-            bound = cfg.probe_bound
-            success_bound = min(bound, PROBE_SUCCESS_BOUND)
+            bound = mean_bound(agent, cfg.probe_bound)
+            success_bound = min(cfg.probe_bound, PROBE_SUCCESS_BOUND)
             mean = sum(rewards) / len(rewards)
             success = sum(e["success"] for e in eps) / len(eps)
             figure = f"mean {mean:.3f} (bound {bound}), success {success:.2f} (bound {success_bound})"
             if mean > bound or success > success_bound:
-                raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} (bound {bound}) and succeeds on "
-                                  f"{success:.0%} of {len(probe_seeds)} seeds: the reward pays for behaviour that "
-                                  "does not use the capability", figure=figure)
+                raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} and succeeds on {success:.0%} of "
+                                  f"{len(probe_seeds)} seeds (bounds: mean {bound}, success {success_bound}): the "
+                                  "reward pays for behaviour that does not use the capability", figure=figure)
             return figure
 
         session.run(f"probe: {agent.name.split(':', 1)[1]}", probe)
@@ -594,9 +718,9 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
             else:
                 members = [MixtureAgent(capability, deficit=cfg.calibration_deficit, random=cfg.calibration_random,
                                         seed=j) for j in range(cfg.calibration_group_size)]
-            for g in range(cfg.calibration_groups):
-                seed = cfg.calibration_seed_offset + g
+            for seed in session.calibration_seeds:
                 eps = [session.episode(env, m, seed) for m in members]
+                session.groups.append((seed, eps))
                 session.rewards.extend(e["reward"] for e in eps)
                 groups.append(Group(seed, [e["reward"] for e in eps], [e["success"] for e in eps]))
         finally:
@@ -612,7 +736,94 @@ def _checks(session: _Session, schemas: list[dict], registration: dict, capabili
                               "easy or too hard for an agent lacking the capability", figure=figure)
         return figure
 
+    def obeys_a_note() -> str:
+        # The planted-deficit agent, plain and obeying any "refuse" note in what it reads: equal on an honest env
+        # (its texts say nothing of refusing); more for the note-follower means the decision is written into the
+        # opening message or the tool results.
+        from .probes import NoteFollowerAgent, deficit_agent
+
+        means = []
+        for agent in (NoteFollowerAgent(capability), deficit_agent(capability)):
+            env = session.make()
+            try:
+                eps = [session.episode(env, agent, s) for s in probe_seeds]
+            finally:
+                env.close()
+            means.append(sum(e["reward"] for e in eps) / len(eps))
+        figure = f"note-follower {means[0]:.3f}, deficit agent {means[1]:.3f} (gain bound {NOTE_GAIN_BOUND})"
+        if means[0] - means[1] > NOTE_GAIN_BOUND:
+            raise CheckFailed(f"an agent that obeys a note to refuse earns {means[0]:.3f} against {means[1]:.3f} "
+                              "without it: the decision is written into what the agent reads (the opening message "
+                              "or the tool results)", figure=figure)
+        return figure
+
+    session.run("probe: obeys_a_note", obeys_a_note)
     session.run("calibration", calibration)
+
+    def same_actions() -> str:
+        # A group's members play one seed in one worker, one after the other: members that sent the same actions
+        # must get the same reward (credit that depends on what the worker saw before, e.g. only on a seed's
+        # first play, makes GRPO's group comparison noise).
+        if not session.groups:
+            raise CheckFailed("not established: the calibration did not run")
+        pairs, bad = 0, []
+        for seed, eps in session.groups:
+            seen: dict[str, float] = {}
+            for e in eps:
+                if e["actions"] in seen:
+                    pairs += 1
+                    if abs(seen[e["actions"]] - e["reward"]) > 1e-9:
+                        bad.append(f"seed {seed}: {seen[e['actions']]:.3f} then {e['reward']:.3f}")
+                else:
+                    seen[e["actions"]] = e["reward"]
+        if bad:
+            raise CheckFailed("the same actions on the same seed earned different rewards when played again in one "
+                              f"worker ({'; '.join(bad[:3])}): the reward depends on earlier episodes",
+                              figure=f"{len(bad)} of {pairs} replays differ")
+        # ... and the last member of each group, replayed in a fresh worker (its seed's first play there).
+        env = session.make()
+        try:
+            for seed, eps in session.groups[:cfg.replays]:
+                again = session.episode(env, Replay(eps[-1]["raw_actions"]), seed)
+                pairs += 1
+                if abs(again["reward"] - eps[-1]["reward"]) > 1e-9:
+                    bad.append(f"seed {seed}: {eps[-1]['reward']:.3f} in the calibration's worker, {again['reward']:.3f} "
+                               "replayed in a fresh one")
+        finally:
+            env.close()
+        if bad:
+            raise CheckFailed("the same actions on the same seed earned different rewards in two workers "
+                              f"({'; '.join(bad[:3])}): the reward depends on earlier episodes in the worker",
+                              figure=f"{len(bad)} of {pairs} replays differ")
+        return f"{pairs} replays identical"
+
+    session.run("same actions, same reward", same_actions)
+
+    def long_used() -> str:
+        # One worker reset as often as a training run resets one, then every probe again: a module that
+        # switches its reward on after admission's resets meets the probes after as many as use gives it.
+        env = session.make()
+        try:
+            for seed in session.warm_seeds:
+                _, info = env.reset(seed=seed)
+                if info.get("termination") == "env_error":
+                    raise CheckFailed(f"reset failed on seed {seed}: {info.get('env_error')}")
+            worst = (0.0, "")
+            seeds = probe_seeds[: max(2, len(probe_seeds) // 4)]
+            for agent in probe_agents(probe_seeds[0]):
+                eps = [session.episode(env, agent, s) for s in seeds]
+                mean = sum(e["reward"] for e in eps) / len(eps)
+                success = sum(e["success"] for e in eps) / len(eps)
+                if mean > mean_bound(agent, cfg.probe_bound) or success > min(cfg.probe_bound, PROBE_SUCCESS_BOUND):
+                    raise CheckFailed(f"{agent.name} earns mean reward {mean:.3f} and succeeds on {success:.0%} after "
+                                      f"{len(session.warm_seeds)} resets of its worker: the reward changes with how "
+                                      "long the worker has run", figure=f"{agent.name} {mean:.3f}")
+                worst = max(worst, (mean, agent.name))
+        finally:
+            env.close()
+        return f"after {len(session.warm_seeds)} resets: every probe <= {worst[0]:.3f}"
+
+    session.run("probes in a long-used worker", long_used)
 
     rng_row = rows["rewards in [0, 1]"]
     out_of_range = [r for r in rows.values() if "outside [0, 1]" in r.reason]

@@ -202,7 +202,7 @@ def _one(spec_path: Path, spec: dict, ws: Workspace, run_dir: Path, run_id: str,
                 continue
         result, report = _admit_attempt(source, capability=capability, target_env=target_env, ws=ws,
                                         attempt_dir=attempt_dir, env_id=env_id, name=name, version=version,
-                                        taken=taken,
+                                        taken=taken, hint=spec.get("hint") if isinstance(spec.get("hint"), str) else None,
                                         spec_schemas=spec.get("tool_schemas"), run_id=run_id, cfg=cfg)
         result.attempts, result.run_dir = n, folder
         history.append((source, report))
@@ -236,7 +236,7 @@ def admit_module(source: str, *, capability: str, target_env: str, workspace, ru
 
 def _admit_attempt(source: str, *, capability: str, target_env: str, ws: Workspace, attempt_dir: Path, env_id: str,
                    name: str, version: int, taken: set[str], spec_schemas, run_id: str,
-                   cfg: AdmissionConfig) -> tuple[GenerationResult, AdmissionReport]:
+                   cfg: AdmissionConfig, hint: str | None = None) -> tuple[GenerationResult, AdmissionReport]:
     attempt_dir.mkdir(parents=True, exist_ok=True)
     (attempt_dir / "module.py").write_text(source, encoding="utf-8")
     report = admit(source, env_id=env_id, capability=capability, target_env=target_env, work_dir=attempt_dir,
@@ -248,7 +248,7 @@ def _admit_attempt(source: str, *, capability: str, target_env: str, ws: Workspa
     try:
         module, rj, rm = ws.install(source, report.registration, capability=capability, name=name,
                                     version=version, target=_target_name(target_env), origin=f"generated:{run_id}",
-                                    report=report)
+                                    report=report, hint=hint[:2000] if hint else None)
     except (WorkspaceError, FileExistsError) as exc:
         return GenerationResult(capability, False, None, None, report_json, report_md, 1, f"registry: {exc}",
                                 attempt_dir), report

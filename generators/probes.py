@@ -250,6 +250,23 @@ class RepeatReadAgent(_Probe):
         return self.call
 
 
+class ReadThenEchoAgent(RepeatReadAgent):
+    """Makes the read the customer's ids suggest once, then restates every id and number it has heard (the
+    customer's and the tool results': the user id among them) and says goodbye: pays nothing honest."""
+
+    name = "probe:read_then_echo"
+    #: It makes one legitimate read, which an env may credit partially (the built-in precondition env pays it
+    #: 0.08-0.5 mean, as the task goes): only its success rate is bounded (PROBE_SUCCESS_BOUND, as every probe's).
+    mean_bound = 1.0
+
+    def turn(self, k: int, observation: str, info: dict) -> Any:
+        if k == 0:
+            return super().turn(k, observation, info)
+        text = heard(info, ("user", "tool"))
+        found = list(dict.fromkeys(_ID_PATTERN.findall(text) + _NUMBER.findall(text)))
+        return ("Here is what I found: " + ", ".join(found) + ". " if found else "") + GOODBYE
+
+
 class WriteAllAgent(_Probe):
     """Calls every write tool once with arguments guessed from the conversation, then says it is done."""
 
@@ -268,7 +285,7 @@ def probe_agents(seed: int) -> list[Any]:
     random.name = "probe:random"
     return [EmptyAgent(), random, WriteAllAgent(), RefuseAgent(), EchoAgent(), EndAtOnceAgent(),
             EndWithoutReadingAgent(), DoneAgent(), EchoIdsAgent(), FirstObservationAgent(), ActUnreadAgent(),
-            FirstToolAgent(), RepeatReadAgent()]
+            FirstToolAgent(), RepeatReadAgent(), ReadThenEchoAgent()]
 
 
 #: The bound on every probe's mean reward: a policy that does not use the records must earn (almost) nothing,
@@ -279,6 +296,11 @@ PROBE_NAMES = tuple(agent.name for agent in probe_agents(0))
 PROBE_BOUNDS = {name: PROBE_BOUND for name in PROBE_NAMES}
 #: Upper bound on each probe's success rate (reward 1.0): no probe should ever solve a task.
 PROBE_SUCCESS_BOUND = 0.05
+
+
+def mean_bound(agent: Any, bound: float) -> float:
+    """The mean-reward bound of ``agent``: ``bound``, or the probe's own larger one (a probe that reads)."""
+    return max(bound, float(getattr(agent, "mean_bound", 0.0)))
 
 
 # ---------------------------------------------------------------------------- decision probes
@@ -371,3 +393,49 @@ class MixtureAgent:
 
     def __call__(self, observation: str, info: dict) -> Any:
         return self._current(observation, info)
+
+
+# ---------------------------------------------------------------------------- a decision written into the text
+#: Words by which a text tells the agent to refuse (a note an env should never write into what the agent reads).
+REFUSAL_CUE = re.compile(r"\b(refuse|refusal|deny|denied|decline|reject|ineligible|not eligible|must not|"
+                         r"do not proceed|should not proceed|not allowed|not permitted)\b", re.I)
+
+
+def _called_tool(action: Any) -> str | None:
+    text = action if isinstance(action, str) else ""
+    m = re.search(r"<tool_call>\s*(\{.*\})\s*</tool_call>", text, re.S)
+    if not m:
+        return None
+    try:
+        import json
+
+        return str(json.loads(m.group(1)).get("name"))
+    except (ValueError, AttributeError):
+        return None
+
+
+class NoteFollowerAgent:
+    """The planted-deficit agent that also obeys a note: when what it has heard (the customer's words and the
+    tool results) tells it to refuse, it refuses instead of making the write it was about to make. Against
+    an honest env it plays as the deficit agent does (honest records say nothing of refusing); against an env
+    that writes the decision into the opening message or the tool results it gains the refusals it needs.
+    Admission compares the two (``probe: obeys_a_note``)."""
+
+    name = "probe:obeys_a_note"
+
+    def __init__(self, capability: str):
+        self.inner = deficit_agent(capability)
+
+    def reset(self, env: Any, observation: str, info: dict) -> None:
+        self.refused = False
+        self.inner.reset(env, observation, info)
+
+    def __call__(self, observation: str, info: dict) -> Any:
+        if self.refused:
+            return GOODBYE
+        action = self.inner(observation, info)
+        name = _called_tool(action)
+        if name is not None and name in write_tools(info) and REFUSAL_CUE.search(heard(info, ("user", "tool"))):
+            self.refused = True
+            return REFUSAL
+        return action

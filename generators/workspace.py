@@ -27,6 +27,8 @@ from pathlib import Path
 
 #: Namespace of generated env ids (``gen/<name>-v<N>``).
 NAMESPACE = "gen"
+#: The workspace's quarantine (ids the use-time audit caught; :mod:`generators.audit`), beside registry.yaml.
+QUARANTINE_FILE = "quarantine.json"
 
 
 class WorkspaceError(RuntimeError):
@@ -87,8 +89,10 @@ class Workspace:
         return self.envs / f"{name}_v{version}.py"
 
     def install(self, source: str, registration: dict, *, capability: str, name: str, version: int, target: str,
-                origin: str, report=None) -> tuple[Path, Path | None, Path | None]:
+                origin: str, report=None, hint: str | None = None) -> tuple[Path, Path | None, Path | None]:
         """Write the module and its report, then append its entry to ``registry.yaml`` (locked, atomic).
+
+        ``hint`` is hint mode's text, from the generator's own spec (trusted); the module's texts never are.
 
         Raises :class:`WorkspaceError` if the id or the module file exists already (nothing is overwritten).
         """
@@ -109,12 +113,37 @@ class Workspace:
                                 capability=capability, target=target,
                                 max_episode_steps=registration["max_episode_steps"],
                                 kwargs=registration.get("kwargs") or {}, origin=origin,
-                                description=registration["description"])
+                                description=registration["description"], hint=hint)
             text = self.registry.read_text(encoding="utf-8") if self.registry.exists() else ""
             if text and not text.endswith("\n"):
                 text += "\n"
             self._replace(text + entry)
         return module, report_json, report_md
+
+    @property
+    def quarantine_file(self) -> Path:
+        return self.root / QUARANTINE_FILE
+
+    def quarantine(self, env_id: str, reason: str) -> Path:
+        """Record ``env_id`` as quarantined (the use-time audit caught it): its sandboxed worker refuses to
+        start until the entry is removed from ``quarantine.json`` by hand. The module and its registry entry
+        stay, as evidence. Returns the quarantine file."""
+        import json
+        import time
+
+        with self.lock():
+            try:
+                data = json.loads(self.quarantine_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = {}
+            if not isinstance(data, dict):
+                data = {}
+            data[env_id] = {"reason": reason[:4000], "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            fd, tmp = tempfile.mkstemp(prefix=".quarantine.", suffix=".json", dir=self.root)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, self.quarantine_file)
+        return self.quarantine_file
 
     def _replace(self, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".registry.", suffix=".yaml", dir=self.root)
@@ -135,7 +164,9 @@ def _entry_yaml(**fields) -> str:
     # JSON scalars and flow mappings are valid YAML: no PyYAML needed to write an entry.
     lines = [f"- id: {fields['env_id']}"]
     for key in ("entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs", "origin",
-                "description"):
+                "description", "hint"):
+        if key == "hint" and not fields.get("hint"):
+            continue
         value = {"kind": "capability", "requires": []}.get(key, fields.get(key))
         lines.append(f"  {key}: {json.dumps(value, ensure_ascii=False, sort_keys=True)}")
     return "\n".join(lines) + "\n"

@@ -31,7 +31,8 @@ BAD = sorted(p for p in CORPUS.glob("*.py"))
 LEAK = Path("/tmp/trace_bad_module_wrote_this")
 #: Small sizes: the corpus needs each defect caught, not a precise calibration.
 LIGHT = AdmissionConfig(timeout_s=120, import_timeout_s=12, n_seeds=4, digest_seeds=3, probe_seeds=6,
-                        calibration_groups=4, calibration_group_size=8)
+                        calibration_groups=4, calibration_group_size=8, warm_resets=300,
+                        seed_draw=58)  # a fixed draw: the corpus's verdicts do not vary from run to run
 
 
 def _expect(path: Path) -> tuple[str, str]:
@@ -63,7 +64,7 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     LEAK.unlink(missing_ok=True)
     before = child_pids()
     # a module expected to pass gets the default calibration (LIGHT's 4 groups are too few for its band)
-    config = AdmissionConfig(n_seeds=4, probe_seeds=6) if row_name == "admitted" else LIGHT
+    config = AdmissionConfig(n_seeds=4, probe_seeds=6, seed_draw=58) if row_name == "admitted" else LIGHT
     result = admit_module(path.read_text(encoding="utf-8"), capability="precondition_verification",
                           target_env="trace/tau_airline-v0", workspace=workspace, run_dir=run, config=config)
     report = json.loads(result.report_json.read_text())
@@ -72,9 +73,12 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     assert not LEAK.exists() and child_pids() <= before
     if row_name == "admitted":
         assert result.admitted, result.reason
-        # what it printed is in the report, marked untrusted, and changed no verdict
-        assert report["output_tail"].startswith("[UNTRUSTED") and "LOOT" in report["output_tail"]
+        if "print(" in path.read_text(encoding="utf-8"):
+            # what it printed is in the report, marked untrusted, and changed no verdict
+            assert report["output_tail"].startswith("[UNTRUSTED") and "LOOT" in report["output_tail"]
         assert "root:x:0:0" not in report["output_tail"] and "trace-test-secret" not in report["output_tail"]
+        if words != "harmless":  # what the report must show of it
+            assert words in json.dumps(report["module_texts"]) and words in result.report_md.read_text()
         return
     assert not result.admitted and result.env_id is None and result.module is None
     if row_name == "any":
@@ -93,6 +97,23 @@ def test_bad_module_is_rejected_for_its_defect(path, tmp_path, monkeypatch):
     assert not LEAK.exists()
     # no process outlives the admission
     assert child_pids() <= before
+
+
+def test_admission_draws_its_seeds_where_training_and_evaluation_draw_theirs():
+    """The probes' and the calibration's seeds come from the ranges use draws from (issue 58: a module behaved on
+    admission's fixed seeds only); the ranges agree with TrainConfig's defaults."""
+    import random
+
+    from generators.admit import USE_SEED_RANGES, use_seeds
+    from trace_train.train.config import TrainConfig
+
+    fields = {f.name: f.default for f in __import__("dataclasses").fields(TrainConfig)}
+    (eval_lo, eval_hi), (train_lo, _) = USE_SEED_RANGES
+    assert [eval_lo, eval_hi] == list(TrainConfig.__dataclass_fields__["eval_seeds"].default_factory())
+    assert train_lo == fields["seed_offset"]
+    a, b = use_seeds(random.Random(1), 16), use_seeds(random.Random(2), 16)
+    assert a != b and len(set(a)) == 16 and all(any(lo <= s < hi for lo, hi in USE_SEED_RANGES) for s in a)
+    assert not set(a) & (set(range(500, 516)) | set(range(1000, 1024)))
 
 
 def test_static_checks_name_the_line_and_construct():
@@ -133,12 +154,18 @@ def test_without_bubblewrap_admission_refuses_unless_unsandboxed_is_asked_for(tm
     assert not result.admitted and "bubblewrap" in result.reason and "--unsandboxed" in result.reason
     assert report["sandbox"].startswith("not started")
     assert Workspace(tmp_path / "ws").ids() == []
-    # explicitly unsandboxed: the same checks, in a plain subprocess, and the report says so
+    # TRACE_UNSANDBOXED alone does not run generated code unsandboxed: it needs the second switch
     monkeypatch.setenv("TRACE_UNSANDBOXED", "1")
+    monkeypatch.delenv("TRACE_UNSANDBOXED_GENERATED", raising=False)
+    result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
+                          workspace=tmp_path / "ws", run_dir=tmp_path / "run1", config=LIGHT)
+    assert not result.admitted and "TRACE_UNSANDBOXED_GENERATED=1" in result.reason
+    # explicitly unsandboxed, both switches: the same checks, in a plain subprocess, and the report says so
+    monkeypatch.setenv("TRACE_UNSANDBOXED_GENERATED", "1")
     with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
         result = admit_module(GOOD, capability="precondition_verification", target_env="trace/tau_airline-v0",
                               workspace=tmp_path / "ws", run_dir=tmp_path / "run2",
-                              config=AdmissionConfig(n_seeds=4, probe_seeds=6))  # the default calibration
+                              config=AdmissionConfig(n_seeds=4, probe_seeds=6, seed_draw=58))  # default calibration
     assert result.admitted, result.reason
     report = json.loads(result.report_json.read_text())
     assert report["sandbox"].startswith("plain subprocess") and "network NOT isolated" in report["warnings"][0]

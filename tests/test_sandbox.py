@@ -203,7 +203,35 @@ class BadEnv(PreconditionVerificationEnv):
             raise RuntimeError("boom")
         if action == "lie":
             os.write(int(sys.argv[-1]), b"this is not the protocol\n")  # the reply pipe: garbage on it
+        if action in LIMIT_ATTACKS:
+            raise RuntimeError(LIMIT_ATTACKS[action]())
         return super().step(action)
+
+
+def _fill(folder, size, count):
+    """Write up to ``count`` files of ``size`` bytes into ``folder``; what got written, and what stopped it."""
+    wrote, block = 0, b"x" * (1 << 20)
+    try:
+        for i in range(count):
+            with open(os.path.join(folder, f"f{i}"), "wb") as fh:
+                for _ in range(size >> 20):
+                    fh.write(block)
+                    fh.flush()
+                    wrote += len(block)
+    except OSError as exc:
+        return f"wrote {wrote >> 20} MB in {folder}, stopped by {exc.strerror}"
+    return f"wrote {wrote >> 20} MB in {folder}, unstopped"
+
+
+def _burn():
+    x = 0
+    while True:
+        x += 1
+
+
+LIMIT_ATTACKS = {"fill_scratch": lambda: _fill("/tmp", 10 << 20, 50), "big_file": lambda: _fill("/tmp", 200 << 20, 1),
+                 "fill_root": lambda: _fill("/", 1 << 20, 2), "fill_dev": lambda: _fill("/dev", 1 << 20, 2),
+                 "fill_shm": lambda: _fill("/dev/shm", 1 << 20, 2), "burn_cpu": _burn}
 '''
 
 
@@ -229,29 +257,113 @@ def test_a_failing_worker_ends_the_episode_with_env_error_and_the_next_reset_rec
         env.close()
 
 
-def test_without_bubblewrap_a_generated_env_refuses_unless_unsandboxed_is_asked_for(tmp_path, monkeypatch):
-    env_id = _install(tmp_path, _offline_source())
-    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
-    monkeypatch.delenv(sandboxed.UNSANDBOXED_ENV, raising=False)
-    with pytest.raises(SandboxUnavailable, match="--unsandboxed"):
-        gym.make(env_id)
-    with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
-        env = gym.make(env_id, trace_unsandboxed=True)
+@pytest.mark.parametrize("action,reason", [
+    # 50 files of 10 MB (each under the file-size limit): the tmpfs size stops them at 32 MB in all
+    ("fill_scratch", r"wrote (\d+) MB in /tmp, stopped by No space left on device"),
+    ("big_file", r"wrote (\d+) MB in /tmp, stopped by File too large"),  # RLIMIT_FSIZE: 16 MB
+    ("fill_root", r"wrote (0) MB in /, stopped by Read-only file system"),
+    ("fill_dev", r"wrote (0) MB in /dev, stopped by Read-only file system"),
+    ("fill_shm", r"wrote (0) MB in /dev/shm, stopped by Read-only file system"),
+    ("burn_cpu", r"SIGXCPU \(its CPU-time limit\)()")])
+def test_a_module_that_tries_to_exceed_a_limit_is_stopped_by_it(tmp_path, action, reason):
+    """Every resource limit, against a module that tries to exceed it: the scratch tmpfs's size (host shared
+    memory, which RLIMIT_AS does not count), the file size, the read-only root and /dev, the CPU time. (The
+    memory limit: the ``eat`` case above; RLIMIT_NPROC is not enforced by the kernel for root, and the pid
+    namespace ends every process at close: tests/bad_modules/setsid_daemon.py.)"""
+    import re
+
+    env_id = _install(tmp_path, BROKEN)
+    limits = {"tmpfs_mb": 32, "file_mb": 16, "call_timeout_s": 30.0, "cpu_s": 3}
+    if not sandboxed.bwrap_status()[0]:
+        pytest.skip("bubblewrap is not usable here (make setup installs it)")
+    env = gym.make(env_id, trace_limits=limits)
     try:
-        assert env.unwrapped.unsandboxed and rollout(env, OracleAgent(), seed=2)["reward"] == 1.0
+        env.reset(seed=1)
+        info = env.step(action)[4]
+        assert info["termination"] == "env_error"
+        m = re.search(reason, info["env_error"])
+        assert m, info["env_error"]
+        if action == "fill_scratch":
+            assert int(m.group(1)) <= limits["tmpfs_mb"]
+        if action == "big_file":
+            assert int(m.group(1)) <= limits["file_mb"]
+        assert env.reset(seed=2)[1].get("termination") != "env_error"  # a fresh worker, a fresh scratch
     finally:
         env.close()
-    monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "1")
+
+
+def test_without_bubblewrap_a_generated_env_refuses_unless_both_switches_are_given(tmp_path, monkeypatch):
+    """Unsandboxed, generated code runs as the user: TRACE_UNSANDBOXED alone does not run it (it runs only
+    hand-written ``sandbox: true`` entries unsandboxed); TRACE_UNSANDBOXED_GENERATED must be given too. What the
+    worker is handed is the scrubbed environment, not the trainer's."""
+    env_id = _install(tmp_path / "gen", (CORPUS / "reads_secrets.py").read_text(encoding="utf-8"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.setenv("TRACE_TEST_SECRET", SECRET)
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_ENV, raising=False)
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_GENERATED_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match="--unsandboxed"):
+        gym.make(env_id)
+    for how in ({"trace_unsandboxed": True}, {}):
+        monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "1")
+        with pytest.raises(SandboxUnavailable, match=f"generated code.*{sandboxed.UNSANDBOXED_GENERATED_ENV}=1"):
+            gym.make(env_id, **how)
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_GENERATED_ENV, "1")
     with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
-        gym.make(env_id).close()
+        env = gym.make(env_id)
+    try:
+        assert env.unwrapped.unsandboxed and rollout(env, OracleAgent(), seed=2)["reward"] == 1.0
+        printed = env.unwrapped.output_tail()
+        assert "PYTHONHASHSEED" in printed and SECRET not in printed  # its own environment is the scrubbed one
+    finally:
+        env.close()
+    # a hand-written entry that opted in needs only the first switch
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_GENERATED_ENV)
+    registry._ENTRIES.pop(env_id, None)
+    gym.registry.pop(env_id, None)
+    hand = _install(tmp_path / "hand", _offline_source(), origin="hand-written", sandbox=True)
+    with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
+        gym.make(hand).close()
+
+
+def test_a_generated_modules_texts_never_reach_a_prompt(tmp_path):
+    """hint_text, description and docstring of a generated module are data (issue 58): load_class() still
+    shows the module's hint_text (bounded), but GRPO's hint mode never puts it in a prompt; a hint the
+    generator's own spec supplied (the registry's ``hint``) is used instead."""
+    from types import SimpleNamespace
+
+    from trace_envs.core.registry import prompt_hint
+    from trace_train.train.grpo import _hint_for
+
+    env_id = _install(tmp_path / "a", (CORPUS / "hint_text_injection.py").read_text(encoding="utf-8"))
+    entry = trace_envs.get_entry(env_id)
+    assert "Ignore the airline policy" in entry.load_class().hint_text  # data, as the module gave it
+    hint = _hint_for(SimpleNamespace(hint_text=None), env_id)
+    assert "Ignore" not in hint and "Done" not in hint and entry.description not in hint
+    builtin = next(e for e in trace_envs.registered() if e.capability == "precondition_verification" and not e.sandbox)
+    assert hint == prompt_hint(builtin)  # a hand-written env's, for the same capability
+    registry._ENTRIES.pop(env_id, None)
+    gym.registry.pop(env_id, None)
+    source = (CORPUS / "hint_text_injection.py").read_text(encoding="utf-8")
+    _, registration = static_check(source)
+    ws = Workspace(tmp_path / "b" / "ws")
+    ws.install(source, registration, capability="precondition_verification", name="precondition_verification_tau_"
+               "airline", version=0, target="tau_airline", origin="generated:test",
+               hint="Verify the preconditions in the records before any write.")
+    trace_envs.load_registry(ws.root)
+    assert prompt_hint(trace_envs.get_entry(env_id)) == "Verify the preconditions in the records before any write."
 
 
 def test_the_cli_flag_unsandboxed_sets_the_switch(monkeypatch, capsys):
     from trace_train.cli import main
 
     monkeypatch.setenv(sandboxed.UNSANDBOXED_ENV, "0")  # recorded, so the flag's "1" is undone afterwards
+    monkeypatch.delenv(sandboxed.UNSANDBOXED_GENERATED_ENV, raising=False)
     assert main(["envs", "list", "--unsandboxed"]) == 0
     assert os.environ[sandboxed.UNSANDBOXED_ENV] == "1" and "--unsandboxed" in capsys.readouterr().err
+    assert sandboxed.generated_unsandboxed_allowed() is False
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_GENERATED_ENV, "0")
+    assert main(["envs", "list", "--unsandboxed", "--unsandboxed-generated"]) == 0
+    assert sandboxed.generated_unsandboxed_allowed() and "--unsandboxed-generated" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ attacks at use
@@ -305,6 +417,10 @@ def test_an_attacking_module_is_harmless_at_use(path, tmp_path, monkeypatch, lis
     finally:
         env.close()
     seen = json.dumps(records, ensure_ascii=False) + env.unwrapped.output_tail()
+    # what it could write into its scratch stayed within the scratch tmpfs's size
+    import re
+
+    assert all(int(mb) <= sandboxed.SandboxLimits().tmpfs_mb for mb in re.findall(r"wrote (\d+) MB", seen))
     # no secret reached it: not the planted variable, not /etc/passwd, not the user's keys
     assert SECRET not in seen and "root:x:0:0" not in seen and "PRIVATE KEY" not in seen
     assert "TRACE_TEST_SECRET" not in seen
@@ -371,9 +487,10 @@ def _plain(env_id: str) -> dict:
     return {**registry.worker_spec(trace_envs.get_entry(env_id)).to_dict(), "sandbox": "none"}
 
 
-def test_the_same_attacks_without_the_sandbox_do_reach_the_machine(tmp_path):
+def test_the_same_attacks_without_the_sandbox_do_reach_the_machine(tmp_path, monkeypatch):
     """The control of the test above: played unsandboxed, two of the attacks do what they try, so the
     checks above would see it (the sandbox, not a failed attack, is why they pass)."""
+    monkeypatch.setenv(sandboxed.UNSANDBOXED_GENERATED_ENV, "1")
     LEAKS[0].unlink(missing_ok=True)
     try:
         env_id = _install(tmp_path / "files", (CORPUS / "attrgetter_os.py").read_text(encoding="utf-8"))

@@ -107,7 +107,11 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
                         help="let generated envs run without bubblewrap (a plain subprocess that can read your files "
                              "and reach the network; accepted anywhere on the command line; same as "
                              "TRACE_UNSANDBOXED=1). Without it, a generated env refuses to run where bubblewrap is "
-                             "missing")
+                             "missing; generated envs need --unsandboxed-generated as well")
+    parser.add_argument("--unsandboxed-generated", action="store_true",
+                        help="with --unsandboxed: let *generated* envs run without bubblewrap too (code a model wrote, "
+                             "running as you: it can read your files and your other processes' environments; same as "
+                             "TRACE_UNSANDBOXED_GENERATED=1)")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
     #: verb -> why it cannot run (its module's optional dependency is missing)
     parser.unavailable = {}
@@ -144,6 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--unsandboxed-generated" in argv:
+        import os
+
+        argv = [a for a in argv if a != "--unsandboxed-generated"]
+        os.environ["TRACE_UNSANDBOXED_GENERATED"] = "1"
+        print("trace: warning: --unsandboxed-generated: generated code may run as you, outside any sandbox",
+              file=sys.stderr)
     if "--unsandboxed" in argv:
         # Global, wherever it is written: every generated env this run makes may start without bubblewrap.
         import os

@@ -109,7 +109,7 @@ def _task_labels(env: gym.Env) -> tuple[dict, str | None]:
 
 class _Episode:
     __slots__ = ("key", "env", "agent", "obs", "info", "steps", "reward", "done", "truncated", "t0", "reset_s",
-                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task", "sampled")
+                 "agent_s", "env_s", "agent_errors", "cap", "scenario", "task", "sampled", "actions")
 
     def __init__(self, key: Key, env: gym.Env, agent: Any, cap: int) -> None:
         self.key, self.env, self.agent, self.cap = key, env, agent, cap
@@ -117,6 +117,7 @@ class _Episode:
         self.agent_s = self.env_s = 0.0
         self.agent_errors = 0
         self.sampled: list[dict] = []
+        self.actions: list = []  # what was sent: the use-time audit of generated envs replays it
 
 
 def jsonl_line(record: dict) -> bytes:
@@ -167,6 +168,15 @@ def _rewrite(path: Path, records: list[dict]) -> None:
 
 def _is_agent_error(action: Any) -> bool:
     return isinstance(action, str) and action.startswith("<tool_call>[agent error]")
+
+
+def _generated(env_id: str) -> bool:
+    import trace_envs
+
+    try:
+        return trace_envs.get_entry(env_id).generated
+    except KeyError:
+        return False
 
 
 def _record(ep: _Episode, agent_name: str) -> dict:
@@ -252,7 +262,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                  env_kwargs: dict | Callable[[str], dict] | None = None, max_steps: int | None = None, progress: bool = True,
                  agent_name: str | None = None, keep_records: bool = False,
                  retry_env_errors: bool = False, keys: Sequence[Key] | None = None,
-                 on_record: Callable[[dict], None] | None = None) -> RolloutSummary:
+                 on_record: Callable[[dict], None] | None = None, audit: Any = True) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:
@@ -276,6 +286,11 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             ``(env_id, seed, sample)`` episodes, in this order (what a Ray actor runs of a larger rollout);
             ``env_ids``, ``seeds`` and ``samples`` are then ignored.
         on_record: called with each finished episode's record as it ends (after it is written to ``out``).
+        audit: audit the generated envs while they are played (:mod:`generators.audit`: a sample of episodes
+            replayed in a second worker and by the reward-hacking probes; a failure raises ``AuditFailure``
+            and quarantines the module). True (default) uses the process's auditor
+            (``generators.audit.shared_auditor``, rate ``TRACE_AUDIT_RATE``); an ``Auditor`` is used as given;
+            False turns it off.
 
     Before the first episode every env id is made once and its ``preflight()`` called (an SWE env checks
     Docker and builds its base image there): an env that cannot run on this machine raises
@@ -356,6 +371,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                 records.append(record)
             if on_record is not None:
                 on_record(record)
+            if auditor is not None:
+                auditor.observe(record, ep.actions)  # raises AuditFailure: the run stops
             free_envs.setdefault(ep.key[0], []).append(ep.env)
             if _env_failed(record):
                 env_errors += 1
@@ -371,6 +388,11 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                             **({"env_errors": env_errors} if env_errors else {}),
                             eps=f"{ran / elapsed:.2f}/s" if elapsed > 0 else "-")
 
+        auditor = None
+        if audit and any(_generated(e) for e in dict.fromkeys(k[0] for k in pending)):
+            from generators.audit import shared_auditor
+
+            auditor = audit if not isinstance(audit, bool) else shared_auditor()
         try:
             for env_id in dict.fromkeys(k[0] for k in pending):  # every env can run here, before any episode
                 env = take_env(env_id)
@@ -406,6 +428,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                 still_open = []
                 for i, (e, action) in enumerate(zip(open_eps, actions)):
                     e.agent_errors += int(_is_agent_error(action))
+                    if auditor is not None:
+                        e.actions.append(action)
                     t3 = time.perf_counter()
                     before = len(e.info.get("messages") or ())
                     e.obs, r, terminated, truncated, e.info = e.env.step(action)

@@ -37,7 +37,9 @@ ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*/[a-z][a-z0-9_]*-v\d+$")
 #: sanity: a one-turn task whose answer is readable from the prompt, for checking that a trainer learns.
 KINDS = ("target", "capability", "sanity")
 FIELDS = ("id", "entry_point", "kind", "capability", "target", "max_episode_steps", "requires", "kwargs",
-          "origin", "description", "sandbox")
+          "origin", "description", "sandbox", "hint")
+#: The most characters of a registry ``hint`` (and of any text hint mode puts in a prompt from a registry entry).
+HINT_BOUND = 2000
 #: The entry point that ``gym.make`` calls for a sandboxed entry (docs/design.md, "Sandboxing").
 SANDBOX_ENTRY_POINT = "trace_envs.core.sandboxed:SandboxedEnv"
 BUILTIN_REGISTRY = Path(__file__).resolve().parent.parent / "registry.yaml"
@@ -63,6 +65,7 @@ class EnvEntry:
     origin: str = "hand-written"
     source: str = ""
     sandbox: bool = False
+    hint: str | None = None  # hint mode's text; for a generated env, written by the generator from its spec
 
     @property
     def module(self) -> str:
@@ -158,9 +161,38 @@ def validate_entry(raw: Any, source: str, index: int, import_entry_point: bool =
         raise _fail(source, index, entry_id, "requires must be a list of strings", "write e.g. `requires: [docker]`")
     if not isinstance(kwargs, dict):
         raise _fail(source, index, entry_id, "kwargs must be a mapping", "write e.g. `kwargs: {domain: airline}`")
+    hint = raw.get("hint")
+    if hint is not None and not (isinstance(hint, str) and len(hint) <= HINT_BOUND):
+        raise _fail(source, index, entry_id, f"hint must be a string of at most {HINT_BOUND} characters",
+                    "shorten the hint (or remove it)")
     return EnvEntry(id=entry_id, entry_point=ep, kind=raw["kind"], description=str(raw["description"]),
                     capability=raw.get("capability"), target=raw.get("target"), max_episode_steps=steps,
-                    requires=tuple(requires), kwargs=dict(kwargs), origin=origin, source=source, sandbox=sandbox)
+                    requires=tuple(requires), kwargs=dict(kwargs), origin=origin, source=source, sandbox=sandbox,
+                    hint=hint)
+
+
+def prompt_hint(entry: EnvEntry) -> str:
+    """The text GRPO's hint mode may put in a system prompt for ``entry`` (when the run gives none).
+
+    A hand-written env's own ``hint_text``, else its registry description. A generated env's texts are data,
+    never prompt text: not its module's ``hint_text`` (read from its worker), not its ``REGISTRATION``
+    description, nor anything else the module wrote. Its hint is the registry's ``hint``, which only the
+    generator writes, from its own spec; else the hint of a hand-written env that teaches the same
+    capability (its ``hint_text`` or registry description: trusted text); else one naming the capability.
+    """
+    if not entry.generated:
+        own = getattr(entry.load_class(), "hint_text", None)
+        if isinstance(own, str) and own.strip():
+            return own.strip()[:HINT_BOUND]
+        return f"Hint ({entry.capability or entry.id}): {entry.description}"[:HINT_BOUND]
+    if entry.hint and entry.hint.strip():
+        return entry.hint.strip()[:HINT_BOUND]
+    if entry.capability:
+        for other in _ENTRIES.values():  # a hand-written env teaching the same capability: trusted text
+            if other.capability == entry.capability and other.kind == "capability" and not other.sandbox:
+                return prompt_hint(other)
+    what = entry.capability or entry.id
+    return f"Hint ({what}): this task tests the {what.replace('_', ' ')} capability."
 
 
 def _module_file(module_name: str, source: str) -> Path | None:
@@ -199,7 +231,7 @@ def worker_spec(entry: EnvEntry, **overrides: Any):
     root = path.parents[depth] if depth < len(path.parents) else path.parent
     bind = root / parts[0] if len(parts) > 1 or path.name == "__init__.py" else path
     return WorkerSpec(env_id=entry.id, module=module_name, cls=attr, module_root=str(root), bind=str(bind),
-                      **overrides)
+                      **{"generated": entry.generated, **overrides})
 
 
 def _cache_path(text: str) -> Path:

@@ -23,8 +23,10 @@ A worker that dies, hangs, exceeds a limit or breaks the protocol ends the episo
 
 Without bubblewrap a sandboxed env refuses to start (:class:`SandboxUnavailable`) unless the user
 says ``unsandboxed`` explicitly (the ``--unsandboxed`` CLI flag, ``TRACE_UNSANDBOXED=1``, or
-``trace_unsandboxed=True`` to ``gym.make``): it then runs in a plain subprocess with the same
-environment, limits and timeouts but with the user's file system and network, with a warning.
+``trace_unsandboxed=True`` to ``gym.make``): it then runs in a plain subprocess with the same scrubbed
+environment, limits and timeouts but with the user's file system and network, with a warning. A
+*generated* env needs a second switch as well (``TRACE_UNSANDBOXED_GENERATED=1``,
+``--unsandboxed-generated``): unsandboxed, nothing stops it reading what the user can.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ from . import wire
 
 #: Set to 1 to let sandboxed envs run without bubblewrap (a plain subprocess; with a warning).
 UNSANDBOXED_ENV = "TRACE_UNSANDBOXED"
+#: The second switch a *generated* env needs to run without bubblewrap (``--unsandboxed-generated``): unsandboxed,
+#: code a model wrote runs as you, and can read whatever you can (your files, the environment of your other
+#: processes through ``/proc/PID/environ``), so ``TRACE_UNSANDBOXED`` alone runs only hand-written ``sandbox: true``
+#: entries unsandboxed.
+UNSANDBOXED_GENERATED_ENV = "TRACE_UNSANDBOXED_GENERATED"
 #: The folder holding the ``trace_envs`` package the worker imports (the one this process runs).
 _TRACE_ENVS = Path(__file__).resolve().parents[1]
 _FAKETIME_LIBS = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -77,6 +84,10 @@ class SandboxLimits:
         cpu_s: CPU seconds over the worker's life (``RLIMIT_CPU``; generous, since one worker serves a
             whole training run: the per-call timeout is what bounds a slow step).
         file_mb: largest file it may write in its scratch dir (``RLIMIT_FSIZE``).
+        tmpfs_mb: size of its scratch tmpfs (``/tmp``, bubblewrap's ``--size``): what all its files together
+            may hold. A tmpfs lives in the host's shared memory, outside the worker's ``RLIMIT_AS``, so without
+            this bound many files under ``file_mb`` each could fill the machine's memory. The worker's ``/``
+            and ``/dev`` are remounted read-only, so the scratch tmpfs is the only memory-backed place it writes.
         nproc: processes the worker may add (``RLIMIT_NPROC``, on top of the user's running ones; the
             kernel does not enforce it for root; the pid namespace still ends every process with the worker).
         start_timeout_s: importing the module and building the env.
@@ -86,13 +97,14 @@ class SandboxLimits:
     memory_mb: int = 2048
     cpu_s: int = 6 * 3600
     file_mb: int = 64
+    tmpfs_mb: int = 128
     nproc: int = 64
     start_timeout_s: float = 60.0
     call_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.memory_mb < 256 or self.cpu_s < 1 or self.file_mb < 1 or self.nproc < 1:
-            raise ValueError("memory_mb must be at least 256 and cpu_s, file_mb, nproc at least 1")
+        if self.memory_mb < 256 or self.cpu_s < 1 or self.file_mb < 1 or self.nproc < 1 or self.tmpfs_mb < 1:
+            raise ValueError("memory_mb must be at least 256 and cpu_s, file_mb, tmpfs_mb, nproc at least 1")
         if self.start_timeout_s <= 0 or self.call_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
@@ -113,6 +125,7 @@ class WorkerSpec:
         limits: :class:`SandboxLimits`.
         sandbox: ``"auto"`` (bubblewrap, refusing without it unless unsandboxed is asked for) or ``"none"``
             (explicitly unsandboxed: a plain subprocess).
+        generated: the module is generated code: running it unsandboxed also needs ``TRACE_UNSANDBOXED_GENERATED``.
         strict: raise :class:`WorkerError` out of ``reset``/``step`` when the worker fails, instead of ending
             the episode with ``env_error`` (admission: a check stops at the first failure).
     """
@@ -128,6 +141,7 @@ class WorkerSpec:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     sandbox: str = "auto"
     strict: bool = False
+    generated: bool = False
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "none"):
@@ -169,6 +183,40 @@ def unsandboxed_requested(explicit: bool | None = None) -> bool:
     if explicit is not None:
         return bool(explicit)
     return os.environ.get(UNSANDBOXED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def generated_unsandboxed_allowed() -> bool:
+    """Whether the user gave the second switch that lets *generated* code run without bubblewrap."""
+    return os.environ.get(UNSANDBOXED_GENERATED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def refuse_unsandboxed_generated(env_id: str, why: str) -> str | None:
+    """Why a generated env may not run unsandboxed now (None when both switches were given)."""
+    if generated_unsandboxed_allowed():
+        return None
+    return (f"{env_id} is generated code and {why}. {UNSANDBOXED_ENV}=1 (--unsandboxed) alone does not run generated "
+            f"code unsandboxed: set also {UNSANDBOXED_GENERATED_ENV}=1 (--unsandboxed-generated), knowing that it "
+            "then runs as you and can read your files, the network and your other processes' environments; or "
+            "install bubblewrap (`apt-get install -y bubblewrap`)")
+
+
+def quarantined(spec: WorkerSpec) -> str | None:
+    """Why ``spec``'s env may not start: its workspace (the folder its module imports from) quarantined it
+    (``quarantine.json``, written by the use-time audit, :mod:`generators.audit`); None when it is not."""
+    import json
+
+    path = Path(spec.module_root or ".") / "quarantine.json"
+    if not spec.module_root or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"{spec.env_id}: its workspace's quarantine file {path} cannot be read; fix or remove it"
+    if isinstance(data, dict) and spec.env_id in data:
+        reason = data[spec.env_id].get("reason", "") if isinstance(data[spec.env_id], dict) else ""
+        return (f"{spec.env_id} is quarantined ({path}): {str(reason)[:500]}. Remove its entry from that file only "
+                "once the module has been read and fixed (better: generate it again)")
+    return None
 
 
 def faketime_library() -> str | None:
@@ -247,24 +295,49 @@ def _scrubbed_env(spec: WorkerSpec, home: str, faketime: str | None) -> dict[str
     return env
 
 
-def _bwrap_command(spec: WorkerSpec, env: dict[str, str], fds: tuple[int, int]) -> list[str]:
-    cmd = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-           "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", *_usr_merge()]
+#: Where the env module's file appears inside the sandbox, whichever folder it lives in on the host (a
+#: workspace's ``envs/``, admission's staging folder): the module cannot tell admission from use by its path.
+SANDBOX_MODULE_ROOT = "/trace/env"
+
+
+def _module_file(spec: WorkerSpec) -> Path | None:
+    """The host file of the env module (``<module_root>/<a/b>.py``), when it is a plain file under its root."""
+    if not spec.module_root or not spec.module:
+        return None
+    path = Path(spec.module_root) / (spec.module.replace(".", "/") + ".py")
+    return path.resolve() if path.is_file() else None
+
+
+def _bwrap_command(spec: WorkerSpec, env: dict[str, str], fds: tuple[int, int]) -> tuple[list[str], list[str], str]:
+    """(bubblewrap's options, the command, the module root inside the sandbox). The options are handed to
+    bubblewrap through ``--args FD``, so the sandbox's ``/proc/1/cmdline`` shows no host path, no seed and no
+    limit: a worker of admission and one of later use look the same from inside."""
+    cmd = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr",
+           *_usr_merge()]
     if os.path.exists("/etc/ld.so.cache"):
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    # The scratch tmpfs first: binds of paths under /tmp (a CI checkout, pytest's folders) go on top of it.
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # The scratch tmpfs first: binds of paths under /tmp (a CI checkout, pytest's folders) go on top of it. It
+    # has a size (host shared memory, outside RLIMIT_AS); /dev's own tmpfs is made read-only (its device nodes
+    # still work), and so is bubblewrap's root tmpfs once every mount point is made (below).
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+            "--size", str(int(spec.limits.tmpfs_mb) * 1024 * 1024), "--tmpfs", "/tmp"]
     for path in _code_paths():
         cmd += ["--ro-bind", path, path]
     cmd += ["--ro-bind", str(_TRACE_ENVS), str(_TRACE_ENVS)]
-    if spec.bind and not Path(spec.bind).resolve().is_relative_to(_TRACE_ENVS):
+    module_file, root = _module_file(spec), spec.module_root
+    if module_file is not None and not module_file.is_relative_to(_TRACE_ENVS):
+        # Only the module's own file, at a fixed path (not its folder: a workspace's envs/ also holds other
+        # modules and the admission reports, which a staged candidate's folder does not).
+        root = SANDBOX_MODULE_ROOT
+        cmd += ["--ro-bind", str(module_file), f"{root}/{spec.module.replace('.', '/')}.py"]
+    elif spec.bind and not Path(spec.bind).resolve().is_relative_to(_TRACE_ENVS):
         cmd += ["--ro-bind", spec.bind, spec.bind]
     for host, inside in _shared_caches():
         cmd += ["--ro-bind", host, inside]
-    cmd += ["--chdir", "/tmp", "--clearenv"]
+    cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
-    return cmd + [sys.executable, "-B", "-m", "trace_envs.core.sandbox_worker", str(fds[0]), str(fds[1])]
+    return cmd, [sys.executable, "-B", "-m", "trace_envs.core.sandbox_worker", str(fds[0]), str(fds[1])], root
 
 
 def _own_processes() -> int:
@@ -290,8 +363,10 @@ def _limit_fn(limits: SandboxLimits):
         for which, value in ((resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024), (resource.RLIMIT_CPU, limits.cpu_s),
                              (resource.RLIMIT_FSIZE, limits.file_mb * 1024 * 1024),
                              (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_CORE, 0)):
+            # CPU: SIGXCPU at the soft limit names the cause; the hard one, a second later, kills regardless.
+            hard = value + 1 if which == resource.RLIMIT_CPU else value
             try:
-                resource.setrlimit(which, (value, value))
+                resource.setrlimit(which, (value, hard))
             except (ValueError, OSError):  # e.g. a hard limit already lower
                 pass
     return apply
@@ -321,6 +396,8 @@ class WorkerProcess:
         faketime = faketime_library()
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
+        args_r = None
+        self.module_root = spec.module_root  # as the worker's sys.path names it
         try:
             if unsandboxed:
                 self._scratch = tempfile.mkdtemp(prefix="trace-worker-")
@@ -329,15 +406,22 @@ class WorkerProcess:
                 cwd = self._scratch
             else:
                 env = _scrubbed_env(spec, "/tmp", faketime)
-                cmd = _bwrap_command(spec, env, (req_r, resp_w))
+                options, command, self.module_root = _bwrap_command(spec, env, (req_r, resp_w))
+                args_r, args_w = os.pipe()
+                with os.fdopen(args_w, "wb") as fh:  # a few KB: fits the pipe before bubblewrap reads it
+                    fh.write(b"".join(o.encode() + b"\0" for o in options))
+                cmd = [shutil.which("bwrap") or "bwrap", "--args", str(args_r), *command]
                 cwd = "/"
                 env = {"PATH": env["PATH"]}  # bwrap's own environment; the worker's is set by --setenv
+            fds = (req_r, resp_w) if args_r is None else (req_r, resp_w, args_r)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, env=env, cwd=cwd, pass_fds=(req_r, resp_w),
+                                         stderr=subprocess.STDOUT, env=env, cwd=cwd, pass_fds=fds,
                                          preexec_fn=_limit_fn(self.limits), start_new_session=True)
         finally:
             os.close(req_r)
             os.close(resp_w)
+            if args_r is not None:
+                os.close(args_r)
         self._w, self._r = req_w, resp_r
         os.set_blocking(self._w, False)
         os.set_blocking(self._r, False)
@@ -441,6 +525,8 @@ class WorkerProcess:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
+        if code is not None and code > 128 and not self.unsandboxed:
+            code = 128 - code  # bubblewrap exits with 128 + the signal that ended the worker
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             hint = {signal.SIGKILL: " (killed: past a limit, e.g. memory)", signal.SIGXCPU: " (its CPU-time limit)",
@@ -513,6 +599,7 @@ class WorkerProcess:
 
 # ------------------------------------------------------------------------------------------------ the class, described
 _DESCRIBED: dict[tuple[str, str, str], type] = {}
+_DESCRIBE_BOUND = 2000  # characters of a worker-given hint_text kept (registry.HINT_BOUND)
 
 
 def stand_in_class(entry: Any) -> type:
@@ -543,11 +630,14 @@ def stand_in_class(entry: Any) -> type:
         SandboxedEnv.__init__(self, trace_env_id=entry.id, **kwargs)
 
     __init__.__signature__ = inspect.Signature(params)
+    # What the worker says is untrusted data: bounded here. A generated module's hint_text is kept (as data,
+    # for display) but never becomes a prompt: registry.prompt_hint ignores it.
     hint = desc.get("hint_text")
+    hint = hint[:_DESCRIBE_BOUND] if isinstance(hint, str) else None
     name = desc.get("name") if isinstance(desc.get("name"), str) and desc["name"].isidentifier() else "SandboxedEnv"
-    cls = type(name, (SandboxedEnv,), {"__init__": __init__, "hint_text": hint if isinstance(hint, str) else None,
-                                       "__doc__": str(desc.get("doc") or SandboxedEnv.__doc__),
-                                       "__module__": __name__})
+    cls = type(name[:100], (SandboxedEnv,), {"__init__": __init__, "hint_text": hint,
+                                             "__doc__": str(desc.get("doc") or SandboxedEnv.__doc__)[:4000],
+                                             "__module__": __name__})
     _DESCRIBED[key] = cls
     return cls
 
@@ -636,6 +726,9 @@ class SandboxedEnv(gym.Env):
             trace_worker = {**trace_worker, "limits": {**asdict(WorkerSpec.from_dict(trace_worker).limits),
                                                        **trace_limits}}
         self.spec_worker = WorkerSpec.from_dict(trace_worker)
+        why_quarantined = quarantined(self.spec_worker)
+        if why_quarantined:
+            raise SandboxUnavailable(why_quarantined)
         self.env_kwargs = dict(kwargs)
         self.render_mode = render_mode
         ok, why = bwrap_status()
@@ -648,6 +741,9 @@ class SandboxedEnv(gym.Env):
                     f"{self.spec_worker.env_id} runs only in a sandbox, and {why}. To run it anyway, without "
                     f"file-system and network isolation, pass --unsandboxed (CLI), set {UNSANDBOXED_ENV}=1, or "
                     "pass trace_unsandboxed=True to gym.make")
+            refusal = refuse_unsandboxed_generated(self.spec_worker.env_id, why) if self.spec_worker.generated else None
+            if refusal:
+                raise SandboxUnavailable(refusal)
             warnings.warn(f"{self.spec_worker.env_id}: running a generated env WITHOUT a sandbox ({why}); it can "
                           "read your files and reach the network", RuntimeWarning, stacklevel=2)
         self.trusted_write_tools: set[str] | None = None
@@ -672,7 +768,7 @@ class SandboxedEnv(gym.Env):
         s = self.spec_worker
         try:
             result = self._worker.call("init", timeout=s.limits.start_timeout_s, module=s.module, cls=s.cls,
-                                       module_root=s.module_root, kwargs=wire.pack(self.env_kwargs),
+                                       module_root=self._worker.module_root, kwargs=wire.pack(self.env_kwargs),
                                        render_mode=self.render_mode, random_seed=s.random_seed)
         except WorkerError as exc:  # died before it could answer: what it printed is all there is to go on
             tail = self._worker.output_tail()

@@ -124,17 +124,13 @@ def _load_envs(cfg: TrainConfig):
 
 
 def _hint_for(cfg: TrainConfig, env_id: str) -> str:
-    """The hint text of hint mode: ``cfg.hint_text``, else the env's ``hint_text``, else its registry description."""
+    """The hint text of hint mode: ``cfg.hint_text``, else :func:`trace_envs.core.registry.prompt_hint`."""
     if cfg.hint_text:
         return cfg.hint_text
     import trace_envs
+    from trace_envs.core.registry import prompt_hint
 
-    entry = trace_envs.get_entry(env_id)
-    own = getattr(entry.load_class(), "hint_text", None)
-    if isinstance(own, str) and own.strip():
-        return own.strip()
-    what = entry.capability or env_id
-    return f"Hint ({what}): {entry.description}"
+    return prompt_hint(trace_envs.get_entry(env_id))  # a generated env's own texts never reach a prompt
 
 
 # ----------------------------------------------------------------------------- episodes -> tokens
