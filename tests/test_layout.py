@@ -173,8 +173,6 @@ KNOWN_CYCLES = {
     # trace_envs/core/sandboxed.py belongs to the sandbox's work in flight: the stand-in class and the worker spec
     # move into it once that lands.
     frozenset({"trace_envs.core.registry", "trace_envs.core.sandboxed"}),
-    # TrainResult moves out of train/grpo.py with the lead's rework of it.
-    frozenset({"trace_train.train.grpo", "trace_train.train.sft"}),
 }
 
 

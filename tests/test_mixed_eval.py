@@ -21,7 +21,7 @@ def test_each_request_of_a_bundle_is_scored_on_its_own():
     from trace_envs import OracleAgent
     from trace_envs.rollout import rollout
 
-    from trace_train.pipeline.stages.mixed import mixed_kwargs
+    from trace_train.mixed_eval import mixed_kwargs
 
     kwargs = mixed_kwargs(KWARGS, SETTINGS)
     assert kwargs["size"]["bundle_prob"] == 0.7 and kwargs["max_episode_steps"] == 48
@@ -47,7 +47,7 @@ def test_each_request_of_a_bundle_is_scored_on_its_own():
 def test_the_mix_takes_the_first_mixed_and_single_conversations():
     import gymnasium as gym
 
-    from trace_train.pipeline.stages.mixed import choose_seeds, kind_of, mixed_kwargs
+    from trace_train.mixed_eval import choose_seeds, kind_of, mixed_kwargs
 
     kwargs = mixed_kwargs(KWARGS, SETTINGS)
     seeds, kinds = choose_seeds(TARGET, kwargs, 12, 0, SETTINGS)
@@ -161,7 +161,7 @@ def test_the_report_splits_l4_into_single_and_mixed_conversations(tmp_path):
     only the first request of a mixed one; the base solves nothing. The L4 split shows it per kind, with the MoE's
     Δ over each method, and the per-turn routing table of the mixed conversations."""
     from trace_train.evaluate import evaluate
-    from trace_train.pipeline.stages.mixed import split_scores
+    from trace_train.mixed_eval import split_scores
     from trace_train.report.links import compute_links
     from trace_train.report.run_report import write_report
 

@@ -17,7 +17,8 @@ from .adapters import AdapterRef, ComposeError
 from .api import BASELINES, COMPOSERS, ComposeResult, compose
 from .baselines import PerEpisodeRouter, merge_adapters
 from .model import COMPOSE_FILE, ComposedModel, is_composed_dir
-from .routers import PerTaskRouter, load_arrow, load_composed, write_arrow
+from .load import load_composed
+from .routers import PerTaskRouter, load_arrow, write_arrow
 from .train import RouterTrainConfig, routing_stats, train_router
 
 __all__ = ["AdapterRef", "BASELINES", "COMPOSERS", "COMPOSE_FILE", "ComposeError", "ComposeResult", "ComposedModel",

@@ -26,7 +26,7 @@ sequence from its first token in one generation (no prefix cache across calls; s
 ``"request"`` is ``"context"`` with the running mean restarted at every user message that is not a tool result (the
 ``<|im_start|>user`` that opens it; the ids are spec'd in ``compose.json``'s ``request_marker``): the gate reads the
 request being served, not the whole conversation, so that a conversation whose second request needs another
-adapter can switch (issue 57; docs/compose.md, "Conversations that need two adapters").
+adapter can switch (docs/compose.md, "Conversations that need two adapters").
 
 The computation is sparse. A block's router turns its choices into one *dispatch* — the
 (token, weight) assignments of every expert, sorted by expert into segments — and every adapted
@@ -890,7 +890,7 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def is_composed_dir(path: str | Path) -> bool:
     """True for a folder written by ``trace compose``: a composed model (``compose.json``) or an Arrow folder
-    (``arrow.json``); :func:`trace_train.compose.routers.load_composed` loads either."""
+    (``arrow.json``); :func:`trace_train.compose.load.load_composed` loads either."""
     from .routers import ARROW_FILE
 
     return (Path(path) / COMPOSE_FILE).is_file() or (Path(path) / ARROW_FILE).is_file()

@@ -1,6 +1,6 @@
 """Routers of the field beside the token-level MoE, built by the same verb (``trace compose --composers ...``).
 
-Neither trains a gate; both are compared with the MoE in the evaluation (issue 57: when one conversation needs
+Neither trains a gate; both are compared with the MoE in the evaluation (when one conversation needs
 two capabilities, does switching per token beat choosing once?).
 
 * :class:`PerTaskRouter` — the TRACE authors' routing as their paper and released code describe it: one choice
@@ -16,7 +16,7 @@ two capabilities, does switching per token beat choosing once?).
   prototype (the top right singular vector of its ``B A``) is scored against the token's input, and the
   ``top_k`` best adapters are mixed by a softmax of their absolute scores over ``router_temperature``: per-token
   routing with no router training. :func:`write_arrow` writes a folder (``arrow.json``: the base and adapters by
-  path and SHA-256, the settings; the tokenizer) that :func:`load_arrow` — and :func:`load_composed`, which
+  path and SHA-256, the settings; the tokenizer) that :func:`load_arrow` — and :func:`trace_train.compose.load.load_composed`, which
   :class:`trace_train.agents.HFAgent` calls — builds into PEFT's Arrow model. It has no base slot: every token
   goes through adapters.
 """
@@ -256,17 +256,5 @@ def load_arrow(path: str | Path, dtype: Any = None, check_hashes: bool = True) -
     return model
 
 
-def load_composed(path: str | Path, dtype: Any = None) -> Any:
-    """The model a folder written by ``trace compose`` holds: a :class:`~trace_train.compose.ComposedModel`
-    (``compose.json``: the MoE, per-episode or per-task routing) or PEFT's Arrow model (``arrow.json``)."""
-    import torch
-
-    from .model import ComposedModel
-
-    if is_arrow_dir(path):
-        return load_arrow(path, dtype=dtype)
-    return ComposedModel.from_pretrained(path, dtype=dtype or torch.float32)
-
-
 __all__ = ["ARROW_FILE", "PerTaskRouter", "TASK_CHOICES", "TASK_INDEX_FILE", "build_task_index",
-           "default_descriptions", "is_arrow_dir", "load_arrow", "load_composed", "write_arrow"]
+           "default_descriptions", "is_arrow_dir", "load_arrow", "write_arrow"]

@@ -385,7 +385,7 @@ class EvaluateSection:
             SFT warm-up its GRPO run started from (if any) are played (the report's learning link, L2: does
             training raise the env's own success, and how much of it is GRPO's?); disjoint from the training
             seeds (``train.options.seed_offset``, 1,000,000 by default). 0 skips it.
-        mixed: an evaluation mix in which conversations need two capabilities at once (issue 57); empty (the
+        mixed: an evaluation mix in which conversations need two capabilities at once; empty (the
             default) plays the target as ``rollout.env_kwargs`` say. Keys: ``families`` (at least two of the
             target's request families: a conversation is *mixed* when its requests cover all of them, *single*
             when it holds one request), ``share`` (the share of mixed conversations among the ``evaluate.seeds``

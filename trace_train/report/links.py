@@ -225,7 +225,7 @@ SPLIT_ORDER = ("trace_moe", "top2", "top4", "per_episode", "per_task", "arrow", 
 def _split(methods: dict, records_of: Any, families: list[str], n_boot: int, seed: int) -> list[dict]:
     """One row per evaluated method: its ``mix`` scores (per conversation and per request, single and mixed
     conversations apart) and the paired Δ of the MoE over it on each kind (MoE − method, pass@1)."""
-    from trace_train.pipeline.stages.mixed import record_kind
+    from trace_train.mixed_eval import record_kind
 
     def order(key: str) -> tuple[int, str]:
         return (SPLIT_ORDER.index(key) if key in SPLIT_ORDER else len(SPLIT_ORDER) - 1, key)

@@ -58,13 +58,13 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from .calibration import calibrate
 from .config import ConfigError, TrainConfig
-from .log import LOG_COLUMNS, plot_reward_curve, read_log
+from .log import LOG_COLUMNS, TrainResult, plot_reward_curve, read_log
 
 logger = logging.getLogger(__name__)
 
@@ -73,24 +73,6 @@ ENDPOINT_TIMEOUT_S = 300.0
 
 __all__ = ["ConfigError", "LOG_COLUMNS", "TrainConfig", "TrainResult", "calibrate", "env_kwargs_for", "read_log",
            "plot_reward_curve", "train"]
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train` produced."""
-
-    adapter_dir: Path
-    log_csv: Path
-    curve_png: Path | None
-    steps: int
-    rollouts: int
-    calibration: dict | None
-    seconds: float = 0.0
-    output_dir: Path | None = None
-    final: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
 
 # ----------------------------------------------------------------------------- envs

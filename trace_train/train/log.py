@@ -1,15 +1,35 @@
-"""``train_log.csv``: the per-step log of a GRPO run, its reader and its reward curve.
+"""What a training run leaves: :class:`TrainResult`, and ``train_log.csv`` with its reader and reward curve.
 
-One row per optimiser step, written by :class:`trace_train.train.trainer.StepLogger`; read by the report, the
-checkpoint selection and the benchmarks. Importing this module imports nothing heavy (matplotlib only when a curve
-is drawn).
+``train_log.csv`` has one row per optimiser step, written by :class:`trace_train.train.trainer.StepLogger`; the report,
+the checkpoint selection and the benchmarks read it. Importing this module imports nothing heavy (matplotlib only
+when a curve is drawn).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+
+@dataclass
+class TrainResult:
+    """What a run of :func:`trace_train.train.grpo.train` (GRPO or its SFT baseline) produced."""
+
+    adapter_dir: Path
+    log_csv: Path
+    curve_png: Path | None
+    steps: int
+    rollouts: int
+    calibration: dict | None
+    seconds: float = 0.0
+    output_dir: Path | None = None
+    final: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
 
 #: Columns of ``train_log.csv`` (TRL's metric names where it has one). ``mismatch_kl``: the KL between the
 #: distribution the rollouts sampled from and the trainer's, over the tokens both scored (k3 estimator, on the

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .config import TrainConfig
-from .grpo import TrainResult
+from .log import TrainResult
 
 
 def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int,

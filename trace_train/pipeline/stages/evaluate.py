@@ -152,7 +152,7 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
     mix = None
     if e.mixed:  # conversations that need two capabilities at once: the target bundles, the seeds are chosen
         from ..config import mixed_settings
-        from .mixed import choose_seeds, mixed_kwargs
+        from ...mixed_eval import choose_seeds, mixed_kwargs
 
         settings = mixed_settings(e.mixed)
         if len(r.targets) != 1:
@@ -203,7 +203,7 @@ def run_evaluate(ctx) -> tuple[list[str], dict]:
         if mix is not None:  # single and mixed conversations apart, per conversation and per request
             from trace_train.evaluate import load_records
 
-            from .mixed import split_scores
+            from ...mixed_eval import split_scores
 
             row["mix"] = split_scores(load_records(out), mix["families"])
         if key == "trace_moe":  # where its router sent each family's tokens (the composition link's why)
@@ -256,7 +256,7 @@ def _turn_routing(folder: str | None, trajectories: Path, env_id: str, kwargs: d
     from trace_train.compose.turns import switch_summary, turn_routing
     from trace_train.rollouts import read_trajectories
 
-    from .mixed import record_kind, request_texts_fn
+    from ...mixed_eval import record_kind, request_texts_fn
 
     if not folder or not is_composed_dir(folder) or not trajectories.exists():
         return None

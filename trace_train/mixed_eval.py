@@ -1,4 +1,4 @@
-"""The evaluation mix in which one conversation needs two capabilities (``evaluate.mixed``; issue 57).
+"""The evaluation mix in which one conversation needs two capabilities (a run config's ``evaluate.mixed``).
 
 The planted recipe's held-out conversations each hold one request, the case per-episode routing is made for. With
 ``evaluate.mixed`` the target bundles requests while it is evaluated (its ``size.bundle_prob``), and the held-out
