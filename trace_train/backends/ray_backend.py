@@ -8,6 +8,9 @@ every finished episode back as it ends (a Ray streaming generator). This process
 file: it appends each record and fsyncs it, as ``run_rollouts`` does, skips the keys the file already holds
 (a resumed run) and writes a key at most once, so every episode lands exactly once.
 
+Chunks go only to actors that have started: an actor the cluster cannot place (more CPUs asked than it has)
+takes no work, and a rollout where none starts within ``ray.start_timeout_s`` fails naming what they ask.
+
 Faults:
 
 * an actor that dies (``ray.kill``, its node lost: ``RayActorError``) is replaced by a new one, and the
@@ -16,6 +19,9 @@ Faults:
 * a chunk that raises an ordinary exception (bad env input: a kwarg the env does not take, a broken task)
   is split: its keys run again one by one, and a key that fails alone is recorded as an ``env_error``
   episode with the exception as its reason — tried twice, never forever;
+* a chunk that goes quiet (nothing handed back) has its actor asked about it (:meth:`_Run._check_stalls`); dead,
+  silent for ``ray.stall_s``, not playing it, or playing it with no step for ``ray.stall_s``, its unfinished keys
+  run again on a new actor, counted as that actor's death;
 * an env whose ``preflight()`` raises :class:`~trace_envs.core.EnvError` (its image cannot be built on the
   actor's node) stops the rollout with that error, as the local backend does.
 
