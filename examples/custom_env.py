@@ -31,6 +31,7 @@ conformance checks on 5 seeds and plays one episode with the oracle.
 from __future__ import annotations
 
 from trace_envs import ToolError, TraceEnv, tool
+from trace_envs.core import PlannedPolicy
 from trace_envs.core.conversation import hermes_tool_call
 
 PRODUCTS = ["blue kettle", "desk lamp", "yoga mat", "travel mug", "usb hub", "rain jacket", "chess set", "tent"]
@@ -140,8 +141,7 @@ class WarehouseStockEnv(TraceEnv):
         plan = [hermes_tool_call("list_warehouses", {})]
         plan += [hermes_tool_call("get_stock", {"warehouse_id": w}) for w in self.stock]
         plan.append(hermes_tool_call("submit_total", {"total": truth}))
-        turns = iter(plan)
-        return lambda observation, info: next(turns)
+        return PlannedPolicy(plan)  # answers every observation: after its plan, it submits again
 
 
 if __name__ == "__main__":

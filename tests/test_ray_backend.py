@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray", reason="pip install 'trace-rl[ray]'")
 
 from trace_envs import OracleAgent  # noqa: E402
 from trace_train.backends import RolloutJob, run_jobs  # noqa: E402
+from trace_train.backends.ray_backend import RayBackendError  # noqa: E402
 from trace_train.pipeline.config import ConfigError, RaySection, config_from_dict  # noqa: E402
 from trace_train.rollouts import read_trajectories  # noqa: E402
 
@@ -105,6 +106,56 @@ def test_an_actor_killed_mid_run_has_its_episodes_rerun_and_each_lands_once(tmp_
     records = _by_key(out)
     assert sorted(records) == [(TAU, s, 0) for s in range(40)]
     assert all(r["success"] for r in records.values())
+
+
+class HangsOnce(OracleAgent):
+    """The oracle, except that the first turn of the 3rd episode an actor starts blocks forever, once per test (an
+    agent or env that hangs without killing its actor: the actor stays alive, its chunk hands nothing back)."""
+
+    started = 0  # per actor process: every episode gets its own copy of the agent
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.hang = marker, False
+
+    def reset(self, env, observation, info):
+        type(self).started += 1
+        self.hang = type(self).started == 3
+        super().reset(env, observation, info)
+
+    def __call__(self, observation, info):
+        if self.hang:
+            self.hang = False
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:  # another actor was the one
+                pass
+            else:
+                threading.Event().wait()  # forever: only the liveness rule ends this
+        return super().__call__(observation, info)
+
+
+def test_a_chunk_that_hangs_on_a_live_actor_is_rerun_elsewhere(tmp_path):
+    import functools
+
+    marker = tmp_path / "hung"
+    out = tmp_path / "traj.jsonl"
+    [summary] = run_jobs([_job(out, make=functools.partial(HangsOnce, str(marker)), seeds=range(16))], "ray",
+                         ray=RaySection(num_actors=2, env_cpus=0.5, max_concurrent_per_actor=4, stall_s=3))
+    assert marker.exists(), "no episode hung"
+    assert summary.actor_deaths == 1  # the hung chunk's actor, replaced
+    records = _by_key(out)
+    assert sorted(records) == [(TAU, s, 0) for s in range(16)]
+    assert all(r["success"] for r in records.values())
+
+
+def test_actors_that_no_node_can_place_fail_with_what_they_ask(tmp_path):
+    out = tmp_path / "traj.jsonl"
+    with pytest.raises(RayBackendError) as err:
+        run_jobs([_job(out, seeds=range(4))], "ray",
+                 ray=RaySection(num_actors=2, env_cpus=8, max_concurrent_per_actor=2, start_timeout_s=3))
+    assert "no Ray actor started" in str(err.value) and "8 CPU" in str(err.value), err.value
+    assert not read_trajectories(out) if out.exists() else True
 
 
 CHILD = """

@@ -787,3 +787,30 @@ def test_an_swe_sessions_container_is_removed_on_disconnect_and_after_a_sigkill(
     while left & {c.id for c in _our_containers()} and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left & {c.id for c in _our_containers()}
+
+
+def test_http_client_mistakes_get_a_4xx_that_names_the_fix(server):
+    # Issue 58: these were 500s with a traceback in the server's log.
+    unknown = httpx.post(server.url + "/reset", json={"env_id": "trace/nope-v0", "seed": 0}, timeout=30)
+    assert unknown.status_code == 404, unknown.text
+    assert "unknown env id 'trace/nope-v0'; use one of the served ids: " in unknown.json()["detail"]
+    assert "trace/tau_airline-v0" in unknown.json()["detail"]
+    no_id = httpx.post(server.url + "/reset", json={"seed": 0}, timeout=30)
+    assert no_id.status_code == 400 and "reset needs 'env_id'" in no_id.json()["detail"], no_id.text
+    kwargs = httpx.post(server.url + "/reset", json={"env_id": "trace/tau_airline-v0", "bogus": 1}, timeout=30)
+    assert kwargs.status_code == 400 and "does not take these kwargs" in kwargs.json()["detail"], kwargs.text
+    boolean = httpx.post(server.url + "/reset", json={"env_id": "trace/tau_airline-v0", "seed": True}, timeout=30)
+    assert boolean.status_code == 422 and boolean.json()["detail"][0]["loc"] == ["body", "seed"], boolean.text
+
+    step = httpx.post(server.url + "/step", json={"action": {"type": "message", "message": "hi"}}, timeout=30)
+    assert step.status_code == 409, step.text
+    detail = step.json()["detail"]
+    assert detail.startswith("step before reset") and "stateless" in detail and "/ws" in detail, detail
+    # A reset over HTTP still plays (and closes) its env, and the schema documents the client errors.
+    ok = httpx.post(server.url + "/reset", json={"env_id": "trace/tau_airline-v0", "seed": 1}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["observation"]["env_id"] == "trace/tau_airline-v0"
+    paths = httpx.get(server.url + "/openapi.json", timeout=30).json()["paths"]
+    assert {"400", "404", "409"} <= set(paths["/reset"]["post"]["responses"])
+    assert "409" in paths["/step"]["post"]["responses"]
+    assert not [p for p in paths if p.startswith("/{env_name}/")]  # OpenEnv's Task API (501 here) is not offered
+    assert httpx.get(server.url + "/trace/splits", timeout=30).status_code == 404

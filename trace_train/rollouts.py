@@ -262,7 +262,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                  env_kwargs: dict | Callable[[str], dict] | None = None, max_steps: int | None = None, progress: bool = True,
                  agent_name: str | None = None, keep_records: bool = False,
                  retry_env_errors: bool = False, keys: Sequence[Key] | None = None,
-                 on_record: Callable[[dict], None] | None = None, audit: Any = True) -> RolloutSummary:
+                 on_record: Callable[[dict], None] | None = None, audit: Any = True,
+                 on_step: Callable[[], None] | None = None) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:
@@ -291,6 +292,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             and quarantines the module). True (default) uses the process's auditor
             (``generators.audit.shared_auditor``, rate ``TRACE_AUDIT_RATE``); an ``Auditor`` is used as given;
             False turns it off.
+        on_step: called once the envs are made and checked, and after each round of steps of the open episodes
+            (a Ray actor's liveness clock).
 
     Before the first episode every env id is made once and its ``preflight()`` called (an SWE env checks
     Docker and builds its base image there): an env that cannot run on this machine raises
@@ -403,6 +406,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                         check()
                     except EnvError as exc:
                         raise EnvError(f"{env_id} cannot run on this machine: {exc}") from exc
+            if on_step is not None:
+                on_step()
             while pending or open_eps:
                 while pending and len(open_eps) < in_flight:
                     open_eps.append(start(pending.popleft()))
@@ -446,6 +451,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                     else:
                         still_open.append(e)
                 open_eps = still_open
+                if on_step is not None:
+                    on_step()
         finally:
             bar.close()
             if sink is not None:

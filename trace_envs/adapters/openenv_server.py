@@ -83,7 +83,7 @@ import mcp.types as mcp_types
 from fastmcp import FastMCP
 from fastmcp.client.client import CallToolResult
 from fastmcp.tools.base import Tool as FastMCPTool, ToolResult
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 import gymnasium as gym
@@ -185,6 +185,36 @@ class TraceState(State):
 # ----------------------------------------------------------------------------- the environment
 
 
+class ClientError(ValueError):
+    """A client's mistake (an unknown env id, a step before reset, a bad argument): HTTP answers it with
+    ``status`` (4xx) and the message, which names the fix; the WebSocket with an error frame. A ValueError, so
+    OpenEnv's handlers treat it as they treat the env's own ValueErrors."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+#: What a step before reset over HTTP needs to know: the HTTP routes are stateless.
+STATELESS_HTTP = ("HTTP POST /reset and /step are stateless (each request gets a fresh env, so a /step never follows "
+                  "a /reset): play an episode over the WebSocket /ws, or an OpenEnv session over POST /mcp "
+                  "(docs/serve.md, \"The protocol\")")
+
+
+#: The client errors of the HTTP routes, as their OpenAPI schema documents them.
+CLIENT_ERRORS = {
+    "/reset": {400: "a bad argument (no env id, a kwarg the env does not take, a bad transcript mode)",
+               404: "an env id that is not served here", 409: "the session has been closed"},
+    "/step": {400: "a bad action", 409: "a step before reset (HTTP /step is stateless: see the message)"},
+}
+
+
+class ErrorDetail(BaseModel):
+    """The body of a client error: what was wrong and how to fix it."""
+
+    detail: str
+
+
 class ServeConfig:
     """What a server allows (shared by all its sessions)."""
 
@@ -196,16 +226,17 @@ class ServeConfig:
     def check(self, env_id: str | None) -> str:
         env_id = env_id or self.default_env_id
         if not env_id:
-            raise ValueError("reset needs 'env_id' (e.g. {'type': 'reset', 'data': {'env_id': "
-                             "'trace/tau_airline-v0', 'seed': 0}}); served ids: " + self.served())
+            raise ClientError("reset needs 'env_id' (e.g. {'type': 'reset', 'data': {'env_id': "
+                              "'trace/tau_airline-v0', 'seed': 0}}); served ids: " + self.served())
         if not isinstance(env_id, str):
-            raise ValueError(f"'env_id' must be a string, got {type(env_id).__name__}")
+            raise ClientError(f"'env_id' must be a string, got {type(env_id).__name__}")
         try:
             entry = get_entry(env_id)
         except KeyError:
-            raise ValueError(f"unknown env id {env_id!r}; served ids: {self.served()}") from None
+            raise ClientError(f"unknown env id {env_id!r}; use one of the served ids: {self.served()}", 404) from None
         if self.env_ids and entry.id not in self.env_ids:
-            raise ValueError(f"env id {env_id!r} is not served here; served ids: {self.served()}")
+            raise ClientError(f"env id {env_id!r} is not served here; use one of the served ids: {self.served()}",
+                              404)
         return entry.id
 
     def served(self) -> str:
@@ -215,7 +246,7 @@ class ServeConfig:
 def check_transcript(mode: Any) -> str:
     """``mode`` if it names a transcript mode (``delta`` or ``full``), else a ValueError that says which do."""
     if mode not in TRANSCRIPT_MODES:
-        raise ValueError(f"'transcript' must be one of {', '.join(map(repr, TRANSCRIPT_MODES))}, got {mode!r}")
+        raise ClientError(f"'transcript' must be one of {', '.join(map(repr, TRANSCRIPT_MODES))}, got {mode!r}")
     return mode
 
 
@@ -281,7 +312,7 @@ class _DirectMCPClient:
     async def call_tool(self, name: str, arguments: dict | None = None, **_: Any) -> CallToolResult:
         owner = self._owner
         if owner._env is not None and name not in owner._tool_names:  # before a reset: _tool_call says so
-            raise ValueError(f"unknown tool {name!r}; this episode's tools: " + ", ".join(owner._tool_names))
+            raise ClientError(f"unknown tool {name!r}; this episode's tools: " + ", ".join(owner._tool_names))
         text, obs = await owner._run_step(owner._tool_call, name, dict(arguments or {}))
         meta = {"done": obs.done, "reward": obs.reward, "reward_breakdown": obs.reward_breakdown,
                 "success": obs.success, "termination": obs.termination}
@@ -333,20 +364,20 @@ class TraceOpenEnv(MCPEnvironment):
             env_id = self._config.check(env_id)
             full = self._config.transcript == "full" if transcript is None else check_transcript(transcript) == "full"
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-                raise ValueError(f"'seed' must be an integer, got {seed!r}")
+                raise ClientError(f"'seed' must be an integer, got {seed!r}")
             if env_kwargs is not None and not isinstance(env_kwargs, dict):
-                raise ValueError(f"'env_kwargs' must be an object, got {type(env_kwargs).__name__}")
+                raise ClientError(f"'env_kwargs' must be an object, got {type(env_kwargs).__name__}")
             if options is not None and not isinstance(options, dict):
-                raise ValueError(f"'options' must be an object, got {type(options).__name__}")
+                raise ClientError(f"'options' must be an object, got {type(options).__name__}")
             made_with = {**kwargs, **(env_kwargs or {})}
             key = (env_id, json.dumps(made_with, sort_keys=True, default=str))
             if self._env is None or self._made != key:
                 self._close_env()
                 try:
                     self._env = gym.make(env_id, **made_with)
-                except TypeError as exc:
-                    raise ValueError(f"{env_id} does not take these kwargs ({exc}); its registry kwargs: "
-                                     f"{get_entry(env_id).kwargs}") from exc
+                except (TypeError, ValueError) as exc:  # a kwarg it does not take, or a value it refuses
+                    raise ClientError(f"{env_id} does not take these kwargs ({exc}); its registry kwargs: "
+                                      f"{get_entry(env_id).kwargs}") from exc
                 self._made = key
                 self._inline = bool(getattr(self._env.unwrapped, "nonblocking_step", False))
             obs, info = self._env.reset(seed=seed, options=options)
@@ -359,7 +390,7 @@ class TraceOpenEnv(MCPEnvironment):
 
     def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if not isinstance(action, TraceAction):
-            raise ValueError(f"expected a TraceAction, got {type(action).__name__}")
+            raise ClientError(f"expected a TraceAction, got {type(action).__name__}")
         if action.type == "list_tools":
             return ListToolsObservation(tools=self._mcp_tools())
         if action.type == "call_tool":
@@ -418,7 +449,7 @@ class TraceOpenEnv(MCPEnvironment):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this session has been closed (idle timeout or server shutdown); open a new one")
+            raise ClientError("this session has been closed (idle timeout or server shutdown); open a new one", 409)
 
     def _close_env(self) -> None:
         if self._env is not None:
@@ -432,11 +463,11 @@ class TraceOpenEnv(MCPEnvironment):
         with self._lock:
             self._check_open()
             if self._env is None:
-                raise ValueError("step before reset: send {'type': 'reset', 'data': {'env_id': ..., 'seed': ...}} "
-                                 "first")
+                raise ClientError("step before reset: send {'type': 'reset', 'data': {'env_id': ..., 'seed': ...}} "
+                                  "first. " + STATELESS_HTTP, 409)
             if self._state.done:
-                raise ValueError(f"this episode has ended (termination: {self._state.termination}); reset to "
-                                 "start another")
+                raise ClientError(f"this episode has ended (termination: {self._state.termination}); reset to "
+                                  "start another", 409)
             obs, reward, terminated, truncated, info = self._env.step(message)
             self._state.step_count += 1
             done = bool(terminated or truncated)
@@ -451,9 +482,9 @@ class TraceOpenEnv(MCPEnvironment):
         if name == USER_TOOL:
             message = arguments.get("message")
             if not isinstance(message, str):
-                raise ValueError(f"{USER_TOOL} takes {{'message': <text>}}")
+                raise ClientError(f"{USER_TOOL} takes {{'message': <text>}}")
             if parse_action(message).is_tool_call:
-                raise ValueError(f"{USER_TOOL} sends plain text to the user, and this message is a tool call; "
+                raise ClientError(f"{USER_TOOL} sends plain text to the user, and this message is a tool call; "
                                  "call the tool directly")
             obs = self._step_env({"role": "assistant", "content": message})
             text = obs.text if obs.text or not obs.done else f"(The conversation has ended: {obs.termination}.)"
@@ -719,6 +750,39 @@ def build_app(env_ids: Sequence[str] = (), *, max_sessions: int = DEFAULT_MAX_SE
         if previous is not None:
             os.environ["ENABLE_WEB_INTERFACE"] = previous
     started = time.time()
+
+    async def client_error(request, exc: ClientError):
+        # The client's mistake, not the server's: a 4xx whose message names the fix (OpenEnv's HTTP routes would
+        # let the env's exception through as a 500 with a traceback in the log).
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
+
+    app.add_exception_handler(ClientError, client_error)
+
+    @app.middleware("http")
+    async def strict_seed(request, call_next):
+        # OpenEnv's ResetRequest reads `seed: false` as seed 0 (pydantic's lax mode); the schema says an integer.
+        if request.method == "POST" and request.url.path == "/reset":
+            try:
+                seed = json.loads(await request.body()).get("seed")
+            except (ValueError, AttributeError):  # not a JSON object: the route's validation answers it
+                seed = None
+            if isinstance(seed, bool):
+                from fastapi.responses import JSONResponse
+
+                return JSONResponse(status_code=422, content={"detail": [{
+                    "type": "int_type", "loc": ["body", "seed"], "input": seed,
+                    "msg": "Input should be a valid integer, not a boolean (the episode's seed, e.g. 0)"}]})
+        return await call_next(request)
+    # OpenEnv's Task API (/{env_name}/splits, /tasks, ...) needs splits of tasks that TRACE's seeded envs do not
+    # have: it would answer every call with 501. Not offered, it is not in the schema either (a 404 names no route).
+    app.router.routes[:] = [r for r in app.router.routes if not getattr(r, "path", "").startswith("/{env_name}/")]
+    for route in app.router.routes:  # the schema names the client errors these routes answer (ClientError)
+        if getattr(route, "path", None) in CLIENT_ERRORS:
+            route.responses = {**route.responses, **{code: {"model": ErrorDetail, "description": what}
+                                                     for code, what in CLIENT_ERRORS[route.path].items()}}
+    app.openapi_schema = None
 
     @app.get("/trace/stats", tags=["TRACE"])
     def stats() -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from trace_envs.core import ToolError, TraceEnv, tool
+from trace_envs.core import PlannedPolicy, ToolError, TraceEnv, tool
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.swe.envs import bugged_files, load_repo, resolve_repos
 from trace_envs.swe.mutations import FUNCTION_LEVEL
@@ -166,6 +166,6 @@ class SweLocalizationEnv(RepoReadTools, TraceEnv):
                         "answer": self.answer}
 
     def oracle(self):
-        plan = iter([hermes_tool_call("view_file", {"path": self.target["file"]}),
-                     hermes_tool_call("submit_location", dict(self.target))])
-        return lambda observation, info: next(plan)
+        # After its plan it submits the location again: an episode that goes on still gets an answer.
+        return PlannedPolicy([hermes_tool_call("view_file", {"path": self.target["file"]}),
+                              hermes_tool_call("submit_location", dict(self.target))])

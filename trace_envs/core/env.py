@@ -49,6 +49,27 @@ logger = logging.getLogger(__name__)
 Policy = Callable[[str, dict], Any]
 
 
+class PlannedPolicy:
+    """A policy that plays a fixed plan of turns, then answers every further observation with its last turn
+    again (or ``then``): a reference agent answers every observation, also when an episode goes on after its
+    plan (its turns mixed with another agent's, a turn the env rejected).
+
+    Args:
+        turns: the planned actions, in order (at least one).
+        then: the answer after the plan (default: the plan's last turn).
+    """
+
+    def __init__(self, turns: list[Any], then: Any = None) -> None:
+        if not turns:
+            raise ValueError("PlannedPolicy needs at least one turn")
+        self.turns, self.then, self.i = list(turns), turns[-1] if then is None else then, 0
+
+    def __call__(self, observation: str, info: dict) -> Any:
+        turn = self.turns[self.i] if self.i < len(self.turns) else self.then
+        self.i += 1
+        return turn
+
+
 def canonical_hash(value: Any) -> str:
     """A stable hash of JSON-able data (sorted keys; identical across processes and machines)."""
     blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)

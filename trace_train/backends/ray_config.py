@@ -29,6 +29,13 @@ class RaySection:
         max_container_starts: SWE sandbox containers starting at once in the whole cluster (a named Ray actor
             semaphore around every container start). SWE actors run only on nodes that declare the custom
             resource ``docker`` (``ray start --resources '{"docker": 4}'``: that node hosts 4 SWE actors).
+        stall_s: the liveness bound of a chunk of episodes on an actor. A chunk that hands nothing back for 30 s
+            (or ``stall_s``, if less) has its actor asked about it; it runs again on a new actor when the actor is
+            dead, does not answer within ``stall_s``, is not playing it (a lost task or stream end), or plays it
+            but none of its episodes took a step for ``stall_s`` (set it above the slowest single step or turn).
+        start_timeout_s: seconds a rollout waits for its first actor to start (none can be placed while the
+            cluster lacks the CPUs or resources they ask for) before it fails, naming what they ask and what the
+            cluster has.
     """
 
     address: str | None = None
@@ -36,6 +43,8 @@ class RaySection:
     env_cpus: float = 1.0
     max_concurrent_per_actor: int = 8
     max_container_starts: int = 4
+    stall_s: float = 300.0
+    start_timeout_s: float = 300.0
 
     def validate(self) -> None:
         check_ray_address("ray.address", self.address)
@@ -44,6 +53,10 @@ class RaySection:
             raise ConfigError(f"ray.env_cpus must be >= 0 (a fraction shares a core), got {self.env_cpus}")
         _at_least("ray.max_concurrent_per_actor", self.max_concurrent_per_actor, 1)
         _at_least("ray.max_container_starts", self.max_container_starts, 1)
+        for key in ("stall_s", "start_timeout_s"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+                raise ConfigError(f"ray.{key} must be a number of seconds > 0, got {value!r}")
 
 
 def ray_section(data: Any, prefix: str = "ray.") -> RaySection:
