@@ -78,8 +78,8 @@ class TraceGRPOTrainer(GRPOTrainer):
         agent = int(mask.sum())
         if agent == 0:
             return
-        d = (logps.float() - sampler.float())[scored]
-        kl = float((torch.exp(d) - 1 - d).mean()) if d.numel() else math.nan
+        d = (logps.double() - sampler.double())[scored]
+        kl = float((torch.expm1(d) - d).mean()) if d.numel() else math.nan  # expm1: exact near 0, never negative
         self._metrics["train"]["mismatch_kl"].append(kl)
         self._metrics["train"]["sampled_token_share"].append(int(scored.sum()) / agent)
 
