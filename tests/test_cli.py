@@ -73,7 +73,7 @@ def test_envs_list_kind_filter(capsys) -> None:
     targets = [e.id for e in trace_envs.registered() if e.kind == "target"]
     assert all(t in out for t in targets)
     code, _, err = run_main(capsys, "envs", "list", "--kind", "bogus")
-    assert code == 2 and err.strip() == "trace: error: unknown kind 'bogus'; choose one of target, capability"
+    assert code == 2 and err.strip() == "trace: error: unknown kind 'bogus'; choose one of target, capability, sanity"
 
 
 def test_envs_show(capsys, monkeypatch) -> None:

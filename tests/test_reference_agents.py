@@ -1,4 +1,4 @@
-"""Reference agents answer every observation (issue 58): an oracle whose turns are mixed with another agent's
+"""Reference agents answer every observation: an oracle whose turns are mixed with another agent's
 turns, or whose episode goes on after its plan, still answers, and its later answers still solve the task."""
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ from trace_envs.core.conversation import hermes_tool_call
 
 FIXTURE = Path(__file__).parent / "fixtures"
 MINICALC_KW = {"repos": ["minicalc"], "instances_dir": str(FIXTURE / "minicalc_instances")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def minicalc_repo():
+    """The fixture repository the SWE envs here read (as tests/test_swe.py registers it)."""
+    from trace_envs.swe.repos import RepoSpec, save_repo
+
+    save_repo(RepoSpec("minicalc", f"dir:{FIXTURE / 'minicalc'}", ("tests",), (".",)))
 
 
 def test_the_localization_oracle_answers_after_its_plan_and_still_solves_it():
