@@ -152,10 +152,12 @@ def encode_episode_sampled(tokenizer, record: dict, max_completion_length: int) 
     appears in later prompts (``<|im_end|>`` included) with mask 1, tool results and user replies between
     them with mask 0. It is cut at ``max_completion_length`` tokens.
 
-    The loss is computed on the transcript's tokens, which are also the context every later turn was sampled
-    in. Where a turn's rendered tokens are exactly the ones sampled (the record's ``sampled_turns``, kept by an
-    agent with ``record_samples``), their sampler log-probabilities come along, so the trainer can measure how
-    far its own log-probabilities of the same tokens are from the sampler's (``mismatch_kl``).
+    Token in, token out where it can be: the episode's last turn is trained on the tokens it sampled (the
+    record's ``sampled_turns``, kept by an agent with ``record_samples``). Every earlier turn is trained on the
+    transcript's tokens, which are the context every later turn was sampled in (the agent renders its next prompt
+    from the transcript); where those are exactly the sampled tokens, which is nearly always, their sampler
+    log-probabilities come along, so the trainer can measure how far its own log-probabilities of the same tokens
+    are from the sampler's (``mismatch_kl``), and on what share of the agent's tokens (``sampled_token_share``).
 
     Turns the env rejected (text that is not a readable action) are not in its transcript. When the episode
     ended on them (the turn cap or too many errors came while the policy kept writing unreadable turns), the
@@ -187,11 +189,17 @@ def encode_episode_sampled(tokenizer, record: dict, max_completion_length: int) 
     completion: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
-    for text, is_target in body:
+    last_target = max((i for i, (_, is_target) in enumerate(body) if is_target), default=-1)
+    for i, (text, is_target) in enumerate(body):
         piece = ids(text)
+        turn = next(taken, None) if is_target else None
+        if turn is not None and i == last_target and not trailing and list(turn["tokens"]) != piece:
+            # The episode's last turn conditions nothing after it: train the tokens it sampled, not the
+            # transcript's rendering of them (which can differ: stripped spaces, a non-canonical tokenisation,
+            # an <|im_end|> the turn cap kept it from writing).
+            piece = list(turn["tokens"])
         completion.extend(piece)
         mask.extend([int(is_target)] * len(piece))
-        turn = next(taken, None) if is_target else None
         if turn is not None and list(turn["tokens"]) == piece:
             logprobs.extend(float(x) for x in turn["logprobs"])
         else:
