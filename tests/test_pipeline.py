@@ -271,7 +271,7 @@ def test_the_shipped_example_configs_load():
     root = Path(__file__).parent.parent
     configs = sorted((root / "examples" / "configs").glob("*.yaml"))
     assert {p.name for p in configs} >= {"cpu_default.yaml", "gpu_qwen3.yaml", "openai_endpoint.yaml", "swe.yaml"}
-    experiments = sorted(root.glob("lab/*/config.yaml"))  # the experiments' recipes load too
+    experiments = sorted(root.glob("lab/*/config*.yaml"))  # the experiments' recipes load too
     assert {p.parent.name for p in experiments} >= {"headline", "headline-planted", "headline-ask"}
     for path in configs + experiments:
         cfg = load_config(path)

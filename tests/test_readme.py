@@ -111,7 +111,8 @@ def test_every_lab_folder_has_a_readme_with_question_command_and_result():
         readme = (folder / "README.md").read_text(encoding="utf-8")
         for part in ("**Question.**", "**Command**", "**Result**", "**What was learnt.**"):
             assert part in readme, (folder.name, part)
-        commands = re.findall(r"trace run (lab/[\w/.-]+\.yaml)", readme)
+        # A run of the loop (`trace run lab/<folder>/<config>.yaml`) or a committed script (`python lab/<folder>/x.py`).
+        commands = re.findall(r"trace run (lab/[\w/.-]+\.yaml)", readme) + re.findall(r"python (lab/[\w/.-]+\.py)", readme)
         assert commands and all((ROOT / c).is_file() for c in commands), (folder.name, commands)
         links = [link for link in re.findall(r"\]\(([^)#]+)\)", readme) if "://" not in link]
         assert all((folder / link).exists() for link in links), (folder.name, links)

@@ -1,6 +1,6 @@
 """Does a router switch when one conversation needs two adapters? A small real measurement on a fitted pair.
 
-    python scripts/mixed_routing_probe.py --out /tmp/mixed_probe        # ~2-4 min on one CPU thread
+    python lab/mixed-routing/probe.py --out /tmp/mixed_probe        # ~2-4 min on one CPU thread
 
 Two rank-8 LoRAs on the ``nano`` model, each fitted (60 full-batch AdamW steps) on one request family to give that
 family's answer: ``status`` ("Is flight X on time today?" -> "The flight is on time.") and ``cancel`` ("Please
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
