@@ -98,10 +98,18 @@ def _load_envs(cfg: TrainConfig):
         trace_envs.load_registry(path)
     for env_id in cfg.env_ids:
         try:
-            trace_envs.get_entry(env_id)
+            entry = trace_envs.get_entry(env_id)
         except KeyError:
             raise ConfigError(f"TrainConfig.env_ids has {env_id!r}, which is not registered. Fix: check "
                               "`trace envs list`, or add the workspace that holds it to registry") from None
+        cap = cfg.max_tool_calling_iterations
+        env_cap = cfg.env_kwargs.get("max_episode_steps") or entry.max_episode_steps
+        if cap is not None and env_cap and cap < env_cap:
+            # Measured on precondition_verification-v1 (the planted recipe's kwargs, cap 10): 41 of 300 oracle
+            # episodes need 11 turns, so a policy that plays them right is paid 0 in training and 1 in evaluation.
+            logger.warning("max_tool_calling_iterations %d is below %s's own cap of %d turns (what evaluation and "
+                           "checkpoint selection play): a correct episode that needs more turns scores 0 in "
+                           "training. Leave it unset (None) to train on the env's cap", cap, env_id, env_cap)
     return trace_envs
 
 
