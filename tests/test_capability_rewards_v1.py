@@ -12,8 +12,8 @@ import gymnasium as gym
 import pytest
 
 import trace_envs  # noqa: F401  (registers the ids)
-from generators.probes import (PROBE_BOUND, ReadThenActAgent, ReadThenRefuseAgent, decision_probe_agents,
-                               probe_agents)
+from generators.probes import (PROBE_BOUND, PROBE_SUCCESS_BOUND, ReadThenActAgent, ReadThenRefuseAgent,
+                               decision_probe_agents, mean_bound, probe_agents)
 from trace_envs.agents import OracleAgent
 from trace_envs.core.conversation import hermes_tool_call
 from trace_envs.core.registry import latest_capability_id
@@ -26,8 +26,13 @@ SEEDS_PER_DOMAIN = 250
 
 
 def _mean(env, agent, seeds) -> float:
-    rewards = [rollout(env, agent, seed=s)["reward"] for s in seeds]
-    return sum(rewards) / len(rewards)
+    return _scores(env, agent, seeds)[0]
+
+
+def _scores(env, agent, seeds) -> tuple[float, float]:
+    """(mean reward, success rate) of ``agent`` on ``seeds``."""
+    records = [rollout(env, agent, seed=s) for s in seeds]
+    return sum(r["reward"] for r in records) / len(records), sum(r["success"] for r in records) / len(records)
 
 
 def test_latest_ids_are_v1():
@@ -41,20 +46,25 @@ def test_latest_ids_are_v1():
 @pytest.mark.parametrize("capability", TAU_CAPABILITIES)
 def test_no_probe_that_ignores_the_records_earns_credit(capability, difficulty):
     env_id = latest_capability_id(capability)
-    scores = {}
+    scores, successes = {}, {}
+    bounds = {agent.name: mean_bound(agent, PROBE_BOUND) for agent in probe_agents(0)}
     for domain in ("airline", "retail"):
         env = gym.make(env_id, domain=domain, difficulty=difficulty)
         seeds = range(SEEDS_PER_DOMAIN)
         for agent in probe_agents(0):
-            scores[(domain, agent.name)] = _mean(env, agent, seeds)
+            scores[(domain, agent.name)], successes[(domain, agent.name)] = _scores(env, agent, seeds)
         assert _mean(env, OracleAgent(), range(40)) == 1.0
         env.close()
-    over = {k: round(v, 3) for k, v in scores.items() if v > PROBE_BOUND}
-    assert not over, f"{env_id} difficulty {difficulty}: probes above {PROBE_BOUND}: {over}"
+    # A probe's mean is bounded by its own bound (PROBE_BOUND, unless it makes a legitimate read that the env may
+    # credit partially: generators.probes.mean_bound); every probe's success rate by PROBE_SUCCESS_BOUND.
+    over = {k: round(v, 3) for k, v in scores.items() if v > bounds[k[1]]}
+    assert not over, f"{env_id} difficulty {difficulty}: probes above their bound: {over}"
+    solved = {k: round(v, 3) for k, v in successes.items() if v > PROBE_SUCCESS_BOUND}
+    assert not solved, f"{env_id} difficulty {difficulty}: probes that succeed: {solved}"
     # The mean over both domains (500 seeds) is what the env's Shortcuts section promises.
     for agent in probe_agents(0):
         both = (scores[("airline", agent.name)] + scores[("retail", agent.name)]) / 2
-        assert both <= PROBE_BOUND, (agent.name, both)
+        assert both <= bounds[agent.name], (agent.name, both)
 
 
 @pytest.mark.parametrize("difficulty", [1, 3, 5])
