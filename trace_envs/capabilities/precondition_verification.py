@@ -114,6 +114,10 @@ class PreconditionVerificationEnv(CapabilityEnv):
     — each score 0.000 (the tests bound them at 0.05). Policies that read and then ignore what they
     read: reading, then always refusing, scores ≤ 0.5 (the must-refuse half; measured 0.25–0.5
     with and without the reason); reading, then always doing it, ≤ 0.5 (the allowed half).
+    Known shortcut (retail only): reading once, then restating every id and number heard and saying
+    goodbye (``probe:read_then_echo``) *solves* 0.24 (difficulty 1) to 0.38 (3-5) of the retail tasks,
+    because a refusal there succeeds after one read with any message (airline: 0.00, mean 0.12-0.26).
+    Fixing it changes the reward: a ``-v2``, not an edit of this version.
     Agents lacking other capabilities stay high: ``tau:stop_after_first`` and ``tau:wrong_record``
     score 1.0.
 
