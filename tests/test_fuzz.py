@@ -388,6 +388,8 @@ def _first_tool(info: dict) -> tuple[str, str]:
         props = schema["function"]["parameters"]["properties"]
         if props:
             return schema["function"]["name"], next(iter(props))
+    if not info["tools"]:  # a tool-less env (the sanity tasks): a call to a tool it does not have
+        return "lookup", "x"
     return info["tools"][0]["function"]["name"], "x"
 
 
@@ -591,8 +593,9 @@ def test_info_tools_is_each_episodes_own_copy(env_id: str) -> None:
     try:
         _, info = first.reset(seed=0)
         pristine = json.dumps(info["tools"], sort_keys=True)
-        info["tools"][0]["function"]["name"] = "hijacked"
-        info["tools"][0]["function"]["parameters"]["properties"].clear()
+        if info["tools"]:  # a tool-less env (the sanity tasks) has only the list to change
+            info["tools"][0]["function"]["name"] = "hijacked"
+            info["tools"][0]["function"]["parameters"]["properties"].clear()
         info["tools"].append({"type": "function", "function": {"name": "extra"}})
         _, other = second.reset(seed=0)
         assert json.dumps(other["tools"], sort_keys=True) == pristine, "another env saw the change"

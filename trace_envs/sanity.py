@@ -198,6 +198,9 @@ class PairedWordEnv(SanityEnv):
     def answers(self) -> tuple[str, ...]:
         return tuple(b for _, b in WORD_PAIRS[: self.pairs])
 
+    def task_count(self) -> int:
+        return self.pairs  # one task per named word: a contextual bandit
+
     def answer_of(self, reply: str) -> str:
         return next((w for w in (m.lower() for m in _FIRST_WORD.findall(reply or "")) if w in self.answers()), "")
 

@@ -94,6 +94,7 @@ class TraceEnv(gym.Env):
         ``world_state() -> Any``: the mutable state a tool call may change (for tests and evaluators).
         ``task_info() -> dict``: small labels of the task (``scenario``, ``difficulty``, ``needs``) for records.
         ``oracle() -> policy``: a ``(observation, info) -> action`` callable that solves this episode.
+        ``task_count() -> int | None``: how many distinct tasks the env has, when that is small (a bandit).
 
     Args:
         render_mode: ``"ansi"`` (``render()`` returns the conversation so far as text) or None (gymnasium's
@@ -170,6 +171,11 @@ class TraceEnv(gym.Env):
 
     def oracle(self) -> Policy:
         raise NotImplementedError(f"{type(self).__name__} has no oracle")
+
+    def task_count(self) -> int | None:
+        """How many distinct tasks this env has, when that is a small number (None: practically unbounded). The
+        conformance check asks for distinct tasks over its seeds, up to this many."""
+        return None
 
     # ------------------------------------------------------------------ public API
 
