@@ -56,8 +56,10 @@ def near_chance_start(env_id: str, out: str | Path, preset: str = "nano", steps:
                       eval_seeds: Sequence[int] = range(64), base: str | Path | None = None) -> StartModel:
     """A tiny model that answers ``env_id``'s tasks in format but at chance: SFT on random answers.
 
-    The model is built offline (:func:`trace_train.tiny.build.build_model` with ``preset``, its tokenizer trained on
-    the task's own text), then fitted for ``steps`` steps on ``train_seeds`` episodes whose answers are drawn
+    The model is ``base`` (a model folder, e.g. the shipped ``trace_train/tiny/bases/embedded-default``, which the
+    bench and the test use), or one built offline (:func:`trace_train.tiny.build.build_model` with ``preset``, its
+    tokenizer trained on the task's own text; a random ``nano`` learnt neither task in a sanity run's budget, by GRPO
+    or by SFT), then fitted (all weights) for ``steps`` steps on ``train_seeds`` episodes whose answers are drawn
     uniformly from the env's answer set, independently of the prompt. The folder is reused when it holds a start
     with the same settings.
 
