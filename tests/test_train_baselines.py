@@ -135,7 +135,7 @@ def test_the_turn_head_weight_reaches_the_sft_code(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_bootstrap(cfg, progress=True):  # records the config; the real one is exercised in test_models.py
+    def fake_bootstrap(cfg, progress=True, **hooks):  # records the config; the real one is exercised in test_models.py
         seen.append(cfg)
         raise RuntimeError("stop here")
 
@@ -163,7 +163,7 @@ def test_replay_reaches_the_sft_code_and_keys_the_warmup(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_bootstrap(cfg, progress=True):
+    def fake_bootstrap(cfg, progress=True, **hooks):
         seen.append(cfg)
         raise RuntimeError("stop here")
 
