@@ -35,6 +35,11 @@ AIRPORTS = ("JFK", "LAX", "SFO", "ORD", "ATL", "SEA", "BOS", "MIA", "DEN", "PHX"
 _FIRST_WORD = re.compile(r"[A-Za-z_]+")
 
 
+def first_of(text: str, words: tuple[str, ...]) -> str:
+    """The first word of ``text`` (lower-cased) that is one of ``words``; ``""`` if none is."""
+    return next((w for w in (m.lower() for m in _FIRST_WORD.findall(text or "")) if w in words), "")
+
+
 def first_word(text: str) -> str:
     """The first word of a reply, lower-cased (``"Yes, it can."`` -> ``"yes"``; none -> ``""``)."""
     match = _FIRST_WORD.search(text or "")
@@ -130,7 +135,7 @@ class CabinDecisionEnv(SanityEnv):
     def answer_of(self, reply: str) -> str:
         if not self.read_back:
             return first_word(reply)
-        return next((w for w in (m.lower() for m in _FIRST_WORD.findall(reply or "")) if w in ("yes", "no")), "")
+        return first_of(reply, self.answers())
 
     def reply(self, answer: str) -> str:
         return f"{self._cabin}: {answer}" if self.read_back else answer
@@ -202,7 +207,7 @@ class PairedWordEnv(SanityEnv):
         return self.pairs  # one task per named word: a contextual bandit
 
     def answer_of(self, reply: str) -> str:
-        return next((w for w in (m.lower() for m in _FIRST_WORD.findall(reply or "")) if w in self.answers()), "")
+        return first_of(reply, self.answers())
 
     def reply(self, answer: str) -> str:
         return f"{self._cue}: {answer}"

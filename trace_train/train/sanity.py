@@ -191,10 +191,6 @@ class ProbeLog:
     def add(self, step: int, seconds: float, metrics: dict) -> None:
         self.rows.append({"step": step, "seconds": round(seconds, 1), **metrics})
 
-    @property
-    def last(self) -> dict:
-        return self.rows[-1] if self.rows else {}
-
 
 class AnswerProbe(TrainerCallback):
     """:func:`answer_metrics` of the model being trained at step 0 and every ``every`` optimiser steps (and at the
