@@ -3,6 +3,7 @@
 
 * a turn whose rendering is exactly what was sampled carries the sampler's log-probs, token for token;
 * the episode's last turn is trained on the tokens it sampled, even where the transcript renders it otherwise;
+* an earlier turn sampled as another tokenisation of the transcript's text is trained on its sampled tokens;
 * an episode that ended on rejected turns trains the last of them (mask 1, with its advantage), after the
   generation prompt it was sampled from: a malformed reply is pushed down like any other wrong one.
 """
@@ -91,3 +92,26 @@ def test_a_rejected_turn_after_a_tool_result_follows_its_generation_prompt(token
     assert tokenizer.decode(full[:-len(bad)]) == tokenizer.decode(context)  # the prompt the rejected turn saw
     assert enc.completion_ids[-len(bad):] == bad and enc.env_mask[-len(bad):] == [1] * len(bad)
     assert enc.sampler_logprobs[-len(bad):] == [-3.0] * len(bad)
+
+
+def test_an_earlier_turn_sampled_as_another_split_of_its_text_is_trained_as_sampled(tokenizer):
+    from trace_train.train.grpo import encode_episode_sampled
+
+    # "south" sampled as two tokens where the tokenizer writes one: same text, other ids.
+    canonical = _ids(tokenizer, "north: south<|im_end|>")
+    split = _ids(tokenizer, "north: ") + _ids(tokenizer, "sou") + _ids(tokenizer, "th<|im_end|>")
+    assert split != canonical and tokenizer.decode(split) == tokenizer.decode(canonical)
+    second = _ids(tokenizer, "done<|im_end|>")
+    record = _record([SYSTEM, USER, {"role": "assistant", "content": "north: south"}, USER,
+                      {"role": "assistant", "content": "done"}],
+                     [{"tokens": split, "logprobs": [-1.0] * len(split), "accepted": True},
+                      {"tokens": second, "logprobs": [-0.5] * len(second), "accepted": True}])
+    enc = encode_episode_sampled(tokenizer, record, 256)
+    trained = [t for t, m in zip(enc.completion_ids, enc.env_mask) if m]
+    assert trained == split + second
+    assert enc.sampled_tokens == enc.agent_tokens == len(split) + len(second)
+    # A turn whose sampled text differs from the transcript's (not the last) keeps the transcript's ids.
+    record["sampled_turns"][0]["tokens"] = _ids(tokenizer, "north: south <|im_end|>")
+    enc = encode_episode_sampled(tokenizer, record, 256)
+    assert [t for t, m in zip(enc.completion_ids, enc.env_mask) if m] == canonical + second
+    assert enc.sampled_tokens == len(second)

@@ -161,9 +161,10 @@ def encode_episode_sampled(tokenizer, record: dict, max_completion_length: int) 
     them with mask 0. It is cut at ``max_completion_length`` tokens.
 
     Token in, token out where it can be: the episode's last turn is trained on the tokens it sampled (the
-    record's ``sampled_turns``, kept by an agent with ``record_samples``). Every earlier turn is trained on the
-    transcript's tokens, which are the context every later turn was sampled in (the agent renders its next prompt
-    from the transcript); where those are exactly the sampled tokens, which is nearly always, their sampler
+    record's ``sampled_turns``, kept by an agent with ``record_samples``), and so is every earlier turn whose
+    sampled tokens spell exactly the transcript's text (a non-canonical tokenisation of it). Any other earlier
+    turn is trained on the transcript's tokens, the context every later turn was sampled in (the agent renders
+    its next prompt from the transcript). Where the trained tokens are the sampled ones their sampler
     log-probabilities come along, so the trainer can measure how far its own log-probabilities of the same tokens
     are from the sampler's (``mismatch_kl``), and on what share of the agent's tokens (``sampled_token_share``).
 
@@ -201,10 +202,15 @@ def encode_episode_sampled(tokenizer, record: dict, max_completion_length: int) 
     for i, (text, is_target) in enumerate(body):
         piece = ids(text)
         turn = next(taken, None) if is_target else None
-        if turn is not None and i == last_target and not trailing and list(turn["tokens"]) != piece:
-            # The episode's last turn conditions nothing after it: train the tokens it sampled, not the
-            # transcript's rendering of them (which can differ: stripped spaces, a non-canonical tokenisation,
-            # an <|im_end|> the turn cap kept it from writing).
+        if turn is not None and list(turn["tokens"]) != piece and (
+                (i == last_target and not trailing) or tokenizer.decode(turn["tokens"]) == text):
+            # Train the tokens the turn sampled, not the transcript's tokenisation of them: the episode's last
+            # turn always (it conditions nothing after it, and its rendering can differ: stripped spaces, an
+            # <|im_end|> the turn cap kept it from writing), an earlier one when it is the same text tokenised
+            # otherwise (a sampled non-canonical split, in 19 of 201 turns of a near-chance start at
+            # temperature 1; lab/grpo-alone). The canonical ids of such a turn are tokens the policy did not
+            # write, often at low probability, where the loss's gradient is largest. Later turns were sampled
+            # after the canonical ids (the agent re-tokenises its prompt); mismatch_kl measures what that changes.
             piece = list(turn["tokens"])
         completion.extend(piece)
         mask.extend([int(is_target)] * len(piece))
