@@ -5,8 +5,9 @@ that behaves only while it is judged could still tell some difference. So, while
 :func:`trace_train.rollouts.run_rollouts` plays a generated env (every GRPO step, evaluation, ``trace
 rollout``), an :class:`Auditor` takes a seeded sample of its finished episodes (always the first one) and
 
-* **replays** the episode's actions on the same seed in a second worker that differs in
-  ``PYTHONHASHSEED`` and the global ``random`` state and has never played that seed: a reward or a
+* **replays** the episode's actions on the same seed, with the kwargs the episode was played with, in a second
+  worker that differs in ``PYTHONHASHSEED`` and the global ``random`` state and has never played that seed: a
+  reward or a
   transcript that differs means the reward depends on the worker (``hash()``, global ``random``) or on
   earlier episodes (credit that depends on replays);
 * plays **every reward-hacking probe** (:func:`generators.probes.probe_agents`) on that seed in a probe
@@ -42,6 +43,11 @@ class AuditFailure(RuntimeError):
     def __init__(self, message: str, env_id: str, what: str):
         super().__init__(message)
         self.env_id, self.what = env_id, what
+
+    def __reduce__(self):
+        # Raised in a worker process (a GRPO run, an evaluation job), it crosses back by pickle: without this,
+        # unpickling calls __init__ with the message alone and the verdict is lost in a TypeError.
+        return type(self), (str(self), self.env_id, self.what)
 
 
 @dataclass
@@ -118,7 +124,7 @@ class Auditor:
         self.probe_wins: dict[tuple[str, str], int] = {}
         self._probe_envs: dict[str, Any] = {}
         self._probe_resets: dict[str, int] = {}
-        self._replay_envs: dict[str, tuple[Any, set[int]]] = {}
+        self._replay_envs: dict[str, tuple[Any, set[int], str]] = {}  # env id -> (worker, seeds played, kwargs)
         self._sources: dict[str, tuple[str, str]] = {}
         self.seconds = 0.0
 
@@ -138,8 +144,9 @@ class Auditor:
         draw = random.Random(f"{self.cfg.seed}:{env_id}:{seed}:{sample}:{self.episodes[env_id]}").random()
         return draw < self.cfg.rate
 
-    def observe(self, record: dict, actions: list) -> None:
-        """One finished episode (its record and the actions that were sent); audits it if sampled."""
+    def observe(self, record: dict, actions: list, env_kwargs: dict | None = None) -> None:
+        """One finished episode (its record, the actions that were sent and the ``gym.make`` kwargs its env was
+        made with); audits it if sampled."""
         env_id = str(record.get("env_id"))
         if not self.watches(env_id) or record.get("termination") == "env_error":
             return
@@ -151,7 +158,7 @@ class Auditor:
 
         t0 = time.perf_counter()
         try:
-            self.audit(env_id, int(record["seed"]), record, actions)
+            self.audit(env_id, int(record["seed"]), record, actions, env_kwargs)
         finally:
             self.seconds += time.perf_counter() - t0
 
@@ -176,11 +183,12 @@ class Auditor:
         self._sources[env_id] = where
 
     # ------------------------------------------------------------------------------------ the two checks
-    def audit(self, env_id: str, seed: int, record: dict, actions: list) -> None:
+    def audit(self, env_id: str, seed: int, record: dict, actions: list, env_kwargs: dict | None = None) -> None:
         self.audited[env_id] = self.audited.get(env_id, 0) + 1
-        cap = len(actions) + 1
-        replay = self._replay_env(env_id, seed)
-        again = _play(replay, _Replay(actions), seed, max(cap, 1))
+        replay = self._replay_env(env_id, seed, env_kwargs or {})
+        # Exactly the actions that were sent: an episode the rollout's own step cap cut (GRPO's
+        # max_tool_calling_iterations) ends there in the replay too, not one empty turn later.
+        again = _play(replay, _Replay(actions), seed, max(len(actions), 1))
         if again["termination"] == "env_error":
             self._fail(env_id, "replay", seed, f"the replay's worker failed: {str(again['env_error'])[:300]}")
         if abs(again["reward"] - float(record["reward"])) > 1e-9 or not _same_messages(again["messages"],
@@ -215,22 +223,24 @@ class Auditor:
                            f"{bound}, success {min(self.cfg.probe_bound, PROBE_SUCCESS_BOUND)}, over at least "
                            f"{self.cfg.window} episodes): the env pays for behaviour that does not use the capability")
 
-    def _replay_env(self, env_id: str, seed: int):
-        """A second worker (another hash seed and random state) that has not played ``seed`` yet."""
+    def _replay_env(self, env_id: str, seed: int, env_kwargs: dict):
+        """A second worker (another hash seed and random state), made with ``env_kwargs`` (those of the episode it
+        replays: another task size or prompt is another transcript), that has not played ``seed`` yet."""
         import gymnasium as gym
 
         from trace_envs.core.registry import get_entry, worker_spec
 
-        env, seen = self._replay_envs.get(env_id, (None, set()))
-        if env is None or seed in seen:
+        key = json.dumps(env_kwargs, sort_keys=True, default=str)
+        env, seen, made_with = self._replay_envs.get(env_id, (None, set(), key))
+        if env is None or seed in seen or made_with != key:
             if env is not None:
                 env.close()
             rng = random.Random(f"replay:{self.cfg.seed}:{env_id}:{len(seen)}")
             spec = worker_spec(get_entry(env_id), hash_seed=rng.randrange(1, 2 ** 31),
                                random_seed=rng.randrange(2 ** 31)).to_dict()
-            env, seen = gym.make(env_id, trace_worker=spec), set()
+            env, seen = gym.make(env_id, **env_kwargs, trace_worker=spec), set()
         seen.add(seed)
-        self._replay_envs[env_id] = (env, seen)
+        self._replay_envs[env_id] = (env, seen, key)
         return env
 
     def _probe_env(self, env_id: str):
@@ -253,7 +263,7 @@ class Auditor:
                               "from that file." if where else ""), env_id, what)
 
     def close(self) -> None:
-        for env in list(self._probe_envs.values()) + [e for e, _ in self._replay_envs.values()]:
+        for env in list(self._probe_envs.values()) + [e[0] for e in self._replay_envs.values()]:
             try:
                 env.close()
             except Exception:  # noqa: BLE001 - closing must not hide the audit's verdict

@@ -116,3 +116,37 @@ def test_an_honest_generated_env_passes_its_audit(tmp_path):
     assert summary.ran == 8 and auditor.audited[registration["id"]] >= 2
     assert not ws.quarantine_file.exists()
     auditor.close()
+
+
+def test_an_honest_env_played_with_its_own_kwargs_and_a_shorter_step_cap_passes_its_audit(tmp_path):
+    """The replay plays the episode as it was played: with the kwargs its env was made with (the planted recipe's
+    task size and compact prompt) and no further than the rollout's own step cap (GRPO's
+    max_tool_calling_iterations). Replayed with the registry's defaults, or one empty turn past the cap, the
+    transcripts differed and an honest env was quarantined in the middle of the recipe's training."""
+    from generators.offline import render
+
+    spec = {"name": "precondition_verification", "target_env": "trace/tau_airline-v0",
+            "statistics": {"coverage": 0.3}}
+    source = render(spec, env_id="gen/precondition_verification_tau_airline-v0", run_id="test").source
+    _, registration = static_check(source)
+    ws = Workspace(tmp_path / "ws")
+    ws.install(source, registration, capability="precondition_verification",
+               name="precondition_verification_tau_airline", version=0, target="tau_airline", origin="generated:test")
+    trace_envs.load_registry(ws.root)
+    kwargs = {"size": {"ask_details_prob": 1.0, "cancel_grounds": ["business"], "read_back": True},
+              "prompt": "compact", "lead_in": ["flight_status"], "lead_in_prob": 0.5}
+    auditor = Auditor(AuditConfig(rate=1.0))
+    summary = run_rollouts(registration["id"], OracleAgent(), seeds=range(1_000_000, 1_000_006), progress=False,
+                           env_kwargs=kwargs, max_steps=4, keep_records=True, audit=auditor)
+    assert summary.ran == 6 and auditor.audited[registration["id"]] == 6
+    assert {r["termination"] for r in summary.records} == {"max_steps"}  # every episode cut by the rollout's cap
+    assert not ws.quarantine_file.exists()
+    auditor.close()
+
+
+def test_an_audit_failure_crosses_a_process_boundary_whole():
+    """Raised in a worker (a GRPO run or an evaluation job in a process pool), the verdict comes back by pickle."""
+    import pickle
+
+    exc = pickle.loads(pickle.dumps(AuditFailure("env x failed (replay, seed 3)", "gen/x-v0", "replay")))
+    assert (str(exc), exc.env_id, exc.what) == ("env x failed (replay, seed 3)", "gen/x-v0", "replay")

@@ -341,12 +341,14 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         bar = tqdm(total=len(todo), initial=skipped, desc="rollouts", unit="ep", disable=not progress,
                    dynamic_ncols=True)
 
+        def kwargs_of(env_id: str) -> dict:
+            return env_kwargs(env_id) if callable(env_kwargs) else (env_kwargs or {})
+
         def take_env(env_id: str) -> gym.Env:
             pool = free_envs.setdefault(env_id, [])
             if pool:
                 return pool.pop()
-            kwargs = env_kwargs(env_id) if callable(env_kwargs) else (env_kwargs or {})
-            env = gym.make(env_id, **kwargs)
+            env = gym.make(env_id, **kwargs_of(env_id))
             all_envs.append(env)
             return env
 
@@ -375,7 +377,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             if on_record is not None:
                 on_record(record)
             if auditor is not None:
-                auditor.observe(record, ep.actions)  # raises AuditFailure: the run stops
+                auditor.observe(record, ep.actions, kwargs_of(ep.key[0]))  # raises AuditFailure: the run stops
             free_envs.setdefault(ep.key[0], []).append(ep.env)
             if _env_failed(record):
                 env_errors += 1
