@@ -13,7 +13,10 @@ Stages, each reused when its output exists (an interrupted run goes on where it 
    every ``--save-steps``.
 4. ``curve``: the start (step 0) and every checkpoint played greedily on held-out seeds (``--eval-seeds``; training
    seeds start at 1,000,000), with success, its bootstrap interval, the reward breakdown and the balanced accuracy
-   of the decision (allowed and must-refuse requests counted apart); ``report.md``, ``curve.csv``, ``curve.png``.
+   of the decision (allowed and must-refuse requests counted apart).
+5. ``select``: the library's checkpoint selection (the recipe's early stopping) on validation seeds
+   (``--select-seeds``); the kept checkpoint and the last one are set against the start, paired on the held-out
+   seeds. ``report.md``, ``curve.json``, ``curve.png``.
 """
 
 from __future__ import annotations
@@ -45,10 +48,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30, help="GRPO optimiser steps")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--lr", type=float, default=2e-3, help="GRPO learning rate (constant)")
+    p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate (constant)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the rollouts (the loss "
+                   "uses the same)")
     p.add_argument("--save-steps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0, help="GRPO's torch seed; its training seeds start at "
+                   "1,000,000 + 100,000 × seed")
     p.add_argument("--shuffle-rewards", action="store_true", help="the negative control: rewards dealt at random")
-    p.add_argument("--eval-seeds", default="0:100", help="held-out env seeds, start:stop")
+    p.add_argument("--eval-seeds", default="0:100", help="held-out env seeds of the curve, start:stop")
+    p.add_argument("--select-seeds", default="100:150", help="validation seeds of the checkpoint selection")
     p.add_argument("--workers", type=int, default=1, help="checkpoints played at once")
     return p.parse_args(argv)
 
@@ -91,8 +99,8 @@ def run_grpo(out: Path, start: Path, args: argparse.Namespace) -> Path:
                       registry=[str(REGISTRY)], group_size=args.group_size, groups_per_step=args.groups_per_step,
                       learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps,
                       save_steps=args.save_steps, max_tool_calling_iterations=30, max_turn_tokens=160,
-                      temperature=1.0, shuffle_rewards=args.shuffle_rewards, device="cpu", threads=1, seed=0,
-                      resume=(run / "checkpoints").is_dir())
+                      temperature=args.temperature, shuffle_rewards=args.shuffle_rewards, device="cpu", threads=1, seed=args.seed,
+                      seed_offset=1_000_000 + 100_000 * args.seed, resume=(run / "checkpoints").is_dir())
     train(cfg)
     return run
 
@@ -145,12 +153,22 @@ def curve(out: Path, start: Path, run: Path, seeds: range, workers: int) -> list
     return rows
 
 
-def paired(out: Path, last: int) -> dict:
-    """Success of the last checkpoint minus the start's, paired on seeds, with its bootstrap interval."""
+def select(out: Path, start: Path, run: Path, seeds: range, workers: int) -> int:
+    """The checkpoint the library's selection keeps (``trace_train.train.select``, what the recipe does): the best
+    greedy success on validation seeds, which neither training nor the held-out curve uses."""
+    from trace_train.train.select import select_checkpoint
+
+    return select_checkpoint(str(start), run, [ENV], list(seeds), out / "select", env_kwargs=lambda e: ENV_KWARGS,
+                             workers=workers, registries=[str(REGISTRY)], max_new_tokens=160,
+                             final_adapter=run / "adapter").step
+
+
+def paired(out: Path, step: int) -> dict:
+    """Held-out success of step ``step``'s checkpoint minus the start's, paired on seeds, with its interval."""
     from trace_train.evaluate import compare
     from trace_train.train.select import step_episodes
 
-    result = compare(step_episodes(out / "curve", 0), step_episodes(out / "curve", last), ks=[1], n_boot=2000,
+    result = compare(step_episodes(out / "curve", 0), step_episodes(out / "curve", step), ks=[1], n_boot=2000,
                      seed=0)
     return result["delta"]["pass@1"]
 
@@ -177,7 +195,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def report(out: Path, rows: list[dict], diff: dict, args: argparse.Namespace) -> str:
+def report(out: Path, rows: list[dict], diffs: dict[str, tuple[int, dict]], args: argparse.Namespace) -> str:
     head = ("| step | success [95% CI] | success: allowed / must-refuse | mean reward | decision: balanced acc. | "
             "goes ahead (allowed) | refuses (must-refuse) | read the record | stated facts | exact write |\n"
             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -186,13 +204,14 @@ def report(out: Path, rows: list[dict], diff: dict, args: argparse.Namespace) ->
         f"{r['success_must_refuse']:.2f} | {r['reward']:.3f} | "
         f"{r['balanced_acc']:.3f} | {r['acc_act']:.3f} ({r['n_act']}) | {r['acc_refuse']:.3f} ({r['n_refuse']}) | "
         f"{r['share_evidence']:.2f} | {r['share_communicated']:.2f} | {r['share_exact']:.2f} |\n" for r in rows)
-    value, (lo, hi) = diff.get("value"), diff.get("ci", (float("nan"), float("nan")))
+    lines = "".join(f"- {what} (step {step}) − start, paired on the held-out seeds: **{d['value']:+.3f} "
+                    f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]**\n" for what, (step, d) in diffs.items())
     arm = "shuffled rewards (negative control)" if args.shuffle_rewards else "rewards as the env pays them"
     return (f"# GRPO alone on `{ENV}` ({arm})\n\n"
             f"Start: {'`' + str(args.start) + '`' if args.start else f'the planted base + {args.warmup_steps} SFT steps on `{BLIND_ENV}`, merged'}. "
-            f"GRPO: {args.steps} steps × {args.groups_per_step} groups × {args.group_size} episodes, lr {args.lr:g} "
-            f"constant, LoRA r16. Greedy on held-out seeds {args.eval_seeds}.\n\n"
-            f"Last checkpoint − start, paired on seeds: **{value:+.3f} [{lo:+.3f}, {hi:+.3f}]**\n\n"
+            f"GRPO: {args.steps} steps × {args.groups_per_step} groups × {args.group_size} episodes at temperature "
+            f"{args.temperature:g}, lr {args.lr:g} constant, LoRA r16, seed {args.seed}. Greedy on held-out seeds {args.eval_seeds}.\n\n"
+            f"Validation seeds (checkpoint selection) {args.select_seeds}.\n\n{lines}\n"
             + head + body + "\n![curve](curve.png)\n")
 
 
@@ -207,10 +226,15 @@ def main(argv=None) -> int:
     run = run_grpo(out, start, args)
     a, b = (int(x) for x in args.eval_seeds.split(":"))
     rows = curve(out, start, run, range(a, b), args.workers)
-    diff = paired(out, rows[-1]["step"])
-    (out / "curve.json").write_text(json.dumps(rows, indent=2))
+    a, b = (int(x) for x in args.select_seeds.split(":"))
+    chosen = select(out, start, run, range(a, b), args.workers)
+    diffs = {"the checkpoint selection keeps": (chosen, paired(out, chosen)),
+             "the last checkpoint": (rows[-1]["step"], paired(out, rows[-1]["step"]))}
+    (out / "curve.json").write_text(json.dumps({"rows": rows, "selected": chosen,
+                                                "paired": {k: {"step": st, **d} for k, (st, d) in diffs.items()}},
+                                               indent=2))
     plot(rows, out / "curve.png", f"GRPO on {ENV}" + (" (shuffled rewards)" if args.shuffle_rewards else ""))
-    text = report(out, rows, diff, args)
+    text = report(out, rows, diffs, args)
     (out / "report.md").write_text(text)
     print(text)
     return 0
