@@ -210,10 +210,10 @@ def encode_episode_sampled(tokenizer, record: dict, max_completion_length: int) 
             # otherwise (a sampled non-canonical split, in 19 of 201 turns of a near-chance start at temperature
             # 1; docs/train.md, "Does the trainer learn?"). The canonical ids of such a turn are tokens the
             # policy did not write, often at low probability, where the loss's gradient is largest. Later turns
-            # were sampled
-            # after the canonical ids (the agent re-tokenises its prompt), so here they are scored in a context
-            # that differs from the sampler's: mismatch_kl measures it (there: mean 2e-3, at most 0.02 a step,
-            # where training the canonical ids gave 1e-11 on 82-95% of the agent's tokens, the rest unmeasured).
+            # were sampled after the canonical ids (the agent re-tokenises its prompt), so here they are scored
+            # in a context that differs from the sampler's: mismatch_kl measures it (there: mean 2e-3, at most
+            # 0.02 a step, where training the canonical ids gave 1e-11 on 82-95% of the agent's tokens, the rest
+            # unmeasured).
             piece = list(turn["tokens"])
         completion.extend(piece)
         mask.extend([int(is_target)] * len(piece))
