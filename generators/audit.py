@@ -7,9 +7,8 @@ rollout``), an :class:`Auditor` takes a seeded sample of its finished episodes (
 
 * **replays** the episode's actions on the same seed, with the kwargs the episode was played with, in a second
   worker that differs in ``PYTHONHASHSEED`` and the global ``random`` state and has never played that seed: a
-  reward or a
-  transcript that differs means the reward depends on the worker (``hash()``, global ``random``) or on
-  earlier episodes (credit that depends on replays);
+  reward or a transcript that differs means the reward depends on the worker (``hash()``, global ``random``) or
+  on earlier episodes (credit that depends on replays);
 * plays **every reward-hacking probe** (:func:`generators.probes.probe_agents`) on that seed in a probe
   worker that has been reset at least as often as any worker of the run so far (one reset per episode
   played): a probe whose summed reward exceeds admission's bound over admission's window
