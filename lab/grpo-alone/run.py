@@ -99,8 +99,9 @@ def run_grpo(out: Path, start: Path, args: argparse.Namespace) -> Path:
                       registry=[str(REGISTRY)], group_size=args.group_size, groups_per_step=args.groups_per_step,
                       learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps,
                       save_steps=args.save_steps, max_tool_calling_iterations=30, max_turn_tokens=160,
-                      temperature=args.temperature, shuffle_rewards=args.shuffle_rewards, device="cpu", threads=1, seed=args.seed,
-                      seed_offset=1_000_000 + 100_000 * args.seed, resume=(run / "checkpoints").is_dir())
+                      temperature=args.temperature, shuffle_rewards=args.shuffle_rewards, device="cpu", threads=1,
+                      seed=args.seed, seed_offset=1_000_000 + 100_000 * args.seed,
+                      resume=(run / "checkpoints").is_dir())
     train(cfg)
     return run
 
@@ -116,7 +117,7 @@ def decision_row(episodes: list[dict]) -> dict:
     for t in episodes:
         b = t.get("reward_breakdown") or {}
         # An episode cut short (too many errors, repeated calls) has no breakdown of its request: its gold decision
-        # is the task's, and it went ahead with nothing.
+        # is the task's, and it did not go ahead.
         gold = b.get("decision") or (t.get("task") or {}).get("decision")
         if gold not in counts:
             continue
