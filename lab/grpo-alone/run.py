@@ -208,10 +208,13 @@ def report(out: Path, rows: list[dict], diffs: dict[str, tuple[int, dict]], args
     lines = "".join(f"- {what} (step {step}) − start, paired on the held-out seeds: **{d['value']:+.3f} "
                     f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]**\n" for what, (step, d) in diffs.items())
     arm = "shuffled rewards (negative control)" if args.shuffle_rewards else "rewards as the env pays them"
+    start_text = f"`{args.start}`" if args.start else \
+        f"the planted base + {args.warmup_steps} SFT steps on `{BLIND_ENV}`, merged"
     return (f"# GRPO alone on `{ENV}` ({arm})\n\n"
-            f"Start: {'`' + str(args.start) + '`' if args.start else f'the planted base + {args.warmup_steps} SFT steps on `{BLIND_ENV}`, merged'}. "
+            f"Start: {start_text}. "
             f"GRPO: {args.steps} steps × {args.groups_per_step} groups × {args.group_size} episodes at temperature "
-            f"{args.temperature:g}, lr {args.lr:g} constant, LoRA r16, seed {args.seed}. Greedy on held-out seeds {args.eval_seeds}.\n\n"
+            f"{args.temperature:g}, lr {args.lr:g} constant, LoRA r16, seed {args.seed}. Greedy on held-out seeds "
+            f"{args.eval_seeds}.\n\n"
             f"Validation seeds (checkpoint selection) {args.select_seeds}.\n\n{lines}\n"
             + head + body + "\n![curve](curve.png)\n")
 
