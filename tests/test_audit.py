@@ -28,8 +28,16 @@ pytestmark = pytest.mark.usefixtures("restore_registry")
 CORPUS = Path(__file__).resolve().parent / "bad_modules"
 
 
-def _install(tmp_path: Path, name: str) -> tuple[str, Workspace]:
-    source = (CORPUS / f"{name}.py").read_text(encoding="utf-8")
+def _install(tmp_path: Path, name: str | None) -> tuple[str, Workspace]:
+    """Install ``tests/bad_modules/<name>.py``, or with ``name`` None the offline generator's honest module."""
+    if name is None:
+        from generators.offline import render
+
+        spec = {"name": "precondition_verification", "target_env": "trace/tau_airline-v0",
+                "statistics": {"coverage": 0.3}}
+        source = render(spec, env_id="gen/precondition_verification_tau_airline-v0", run_id="test").source
+    else:
+        source = (CORPUS / f"{name}.py").read_text(encoding="utf-8")
     _, registration = static_check(source)
     ws = Workspace(tmp_path / "ws")
     ws.install(source, registration, capability="precondition_verification",
@@ -100,20 +108,11 @@ def test_a_reward_that_switches_on_after_many_resets_is_caught_by_the_probe_work
 
 
 def test_an_honest_generated_env_passes_its_audit(tmp_path):
-    from generators.offline import render
-
-    spec = {"name": "precondition_verification", "target_env": "trace/tau_airline-v0",
-            "statistics": {"coverage": 0.3}}
-    source = render(spec, env_id="gen/precondition_verification_tau_airline-v0", run_id="test").source
-    _, registration = static_check(source)
-    ws = Workspace(tmp_path / "ws")
-    ws.install(source, registration, capability="precondition_verification",
-               name="precondition_verification_tau_airline", version=0, target="tau_airline", origin="generated:test")
-    trace_envs.load_registry(ws.root)
+    env_id, ws = _install(tmp_path, None)
     auditor = Auditor(AuditConfig(rate=0.5))
-    summary = run_rollouts(registration["id"], Alternating(), seeds=range(1_000_000, 1_000_004), samples=2,
+    summary = run_rollouts(env_id, Alternating(), seeds=range(1_000_000, 1_000_004), samples=2,
                            progress=False, audit=auditor)
-    assert summary.ran == 8 and auditor.audited[registration["id"]] >= 2
+    assert summary.ran == 8 and auditor.audited[env_id] >= 2
     assert not ws.quarantine_file.exists()
     auditor.close()
 
@@ -123,22 +122,13 @@ def test_an_honest_env_played_with_its_own_kwargs_and_a_shorter_step_cap_passes_
     task size and compact prompt) and no further than the rollout's own step cap (GRPO's
     max_tool_calling_iterations). Replayed with the registry's defaults, or one empty turn past the cap, the
     transcripts differed and an honest env was quarantined in the middle of the recipe's training."""
-    from generators.offline import render
-
-    spec = {"name": "precondition_verification", "target_env": "trace/tau_airline-v0",
-            "statistics": {"coverage": 0.3}}
-    source = render(spec, env_id="gen/precondition_verification_tau_airline-v0", run_id="test").source
-    _, registration = static_check(source)
-    ws = Workspace(tmp_path / "ws")
-    ws.install(source, registration, capability="precondition_verification",
-               name="precondition_verification_tau_airline", version=0, target="tau_airline", origin="generated:test")
-    trace_envs.load_registry(ws.root)
+    env_id, ws = _install(tmp_path, None)
     kwargs = {"size": {"ask_details_prob": 1.0, "cancel_grounds": ["business"], "read_back": True},
               "prompt": "compact", "lead_in": ["flight_status"], "lead_in_prob": 0.5}
     auditor = Auditor(AuditConfig(rate=1.0))
-    summary = run_rollouts(registration["id"], OracleAgent(), seeds=range(1_000_000, 1_000_006), progress=False,
+    summary = run_rollouts(env_id, OracleAgent(), seeds=range(1_000_000, 1_000_006), progress=False,
                            env_kwargs=kwargs, max_steps=4, keep_records=True, audit=auditor)
-    assert summary.ran == 6 and auditor.audited[registration["id"]] == 6
+    assert summary.ran == 6 and auditor.audited[env_id] == 6
     assert {r["termination"] for r in summary.records} == {"max_steps"}  # every episode cut by the rollout's cap
     assert not ws.quarantine_file.exists()
     auditor.close()

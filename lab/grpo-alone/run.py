@@ -196,7 +196,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def report(out: Path, rows: list[dict], diffs: dict[str, tuple[int, dict]], args: argparse.Namespace) -> str:
+def report(rows: list[dict], diffs: dict[str, tuple[int, dict]], args: argparse.Namespace) -> str:
     head = ("| step | success [95% CI] | success: allowed / must-refuse | mean reward | decision: balanced acc. | "
             "goes ahead (allowed) | refuses (must-refuse) | read the record | stated facts | exact write |\n"
             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
                                                 "paired": {k: {"step": st, **d} for k, (st, d) in diffs.items()}},
                                                indent=2))
     plot(rows, out / "curve.png", f"GRPO on {ENV}" + (" (shuffled rewards)" if args.shuffle_rewards else ""))
-    text = report(out, rows, diffs, args)
+    text = report(rows, diffs, args)
     (out / "report.md").write_text(text)
     print(text)
     return 0
