@@ -150,7 +150,7 @@ def _lora(model, seed=0):
 @pytest.mark.parametrize("top_k, gate_input, gate_weight, routing", [
     (1, "token", "prob", "token"), (2, "token", "prob", "token"), (1, "context", "prob", "token"),
     (1, "context", "one", "token"), (2, "token", "one", "token"), (1, "context", "prob", "segment"),
-    (1, "token", "one", "segment")])
+    (1, "token", "one", "segment"), (1, "request", "prob", "token"), (1, "request", "prob", "segment")])
 def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_input, gate_weight, routing):
     """A token-level MoE (two LoRA experts, gates that send tokens to every slot) on the fast path: the tokens
     of its own ``generate``, except at a float-rounding tie, as for the plain model. With context gates (each
@@ -159,7 +159,9 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
     prompt after the shared prefix (the store keeps no sums) and still decodes like ``generate``. With
     ``gate_weight="one"`` the chosen slots' weights are renormalised (top-1: the whole update) on both paths. With
     segment routing each message keeps the choice made at its first token, through the shared prefix, the row's
-    prompt and the generated tokens (which continue the assistant header's message), and the store is off."""
+    prompt and the generated tokens (which continue the assistant header's message), and the store is off. With
+    request gates the running mean restarts at each user request of the prompt (the second turn's is one), as the
+    composer's forward restarts it; a loop that did not restart decodes otherwise."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -180,7 +182,7 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
         for g in composed.gates:  # a trained-like router: every slot wins some tokens
             g.weight.copy_(torch.randn(g.weight.shape, generator=gen) * 0.5)
             g.bias.zero_()
-        if gate_input == "context":
+        if gate_input in ("context", "request"):
             composed.fit_context_centers(prompts[:2])
             assert float(composed.context_centers.abs().sum()) > 0
             hidden = composed.context_centers.shape[1]
@@ -201,19 +203,22 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
         held = [r.choice[0] for r in composed.routers]
         composed.keep_choices = False
         assert any(int(c.max()) > 0 for c in held)  # adapters are held, not only the base
-        if gate_input == "context":  # messages differ in their slot (a token gate reads the same <|im_start|>)
+        if gate_input != "token":  # messages differ in their slot (a token gate reads the same <|im_start|>)
             assert any(len(set(c.tolist())) > 1 for c in held)
     decoder = FastDecoder(composed)
     got = [g.tokens for g in decoder.generate(prompts, 16, eos)]
     want = [_generate_reference(composed, p, eos, 16) for p in prompts]
     assert _same_but_ties(composed, prompts, got, want) >= 6
-    if gate_input == "context" or routing == "segment":  # a second turn: the same decoder, longer prompts
+    if gate_input != "token" or routing == "segment":  # a second turn: the same decoder, longer prompts
         nxt = [p + w + tok("<|im_end|>\n<|im_start|>user\nPlease go on.<|im_end|>\n<|im_start|>assistant\n",
                               add_special_tokens=False)["input_ids"] for p, w in zip(prompts, want)]
         got = [g.tokens for g in decoder.generate(nxt, 16, eos)]
         assert not decoder.store.entries  # no keys/values kept between turns: their sums/holds are not stored
         want = [_generate_reference(composed, p, eos, 16) for p in nxt]
         assert _same_but_ties(composed, nxt, got, want) >= 6
+        if gate_input == "request":  # the restarts are what make it so
+            decoder.request_marker = None
+            assert [g.tokens for g in decoder.generate(nxt, 16, eos)] != got
     with composed.force_routing(1):  # forced (per-episode) routing keeps generate()
         assert not auto_applies(composed)
 

@@ -303,11 +303,11 @@ def test_request_gates_restart_their_mean_at_each_request_and_not_at_a_tool_resu
 
 def test_request_gates_decode_under_a_kv_cache_as_without_one(request_gated):
     """``generate`` carries each row's running mean since its request between decoding steps: its greedy tokens are
-    those of re-reading the whole sequence at every step. The fast decode loop does not take request gates (the
-    agent falls back to ``generate``)."""
+    those of re-reading the whole sequence at every step. The fast decode loop, which finds the requests in the
+    prompt itself (here two, and a tool result that must not restart the mean), decodes the same tokens."""
     import torch
 
-    from trace_train.tiny.fast_decode import supported
+    from trace_train.tiny.fast_decode import FastDecoder, supported
 
     model, tok, ids = request_gated
     with torch.no_grad():
@@ -322,4 +322,5 @@ def test_request_gates_decode_under_a_kv_cache_as_without_one(request_gated):
         model.keep_choices = False
     assert out.tolist() == seq[len(ids):]
     assert {1, 2} <= used  # the gates do route to both adapters
-    assert model.stateful_routing and supported(model) == (False, "request gates")
+    assert model.stateful_routing and supported(model) == (True, "")
+    assert FastDecoder(model).generate([ids], 8, eos_ids=[])[0].tokens == out.tolist()

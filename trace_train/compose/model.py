@@ -503,19 +503,7 @@ class ComposedModel(nn.Module):
         if ids is None or tuple(ids.shape) != (batch, seq):
             raise ComposeError("request gates need the forward's input_ids (they restart at each user message); "
                                "inputs_embeds alone do not say where a message starts")
-        marker, tool = (torch.tensor(m, dtype=ids.dtype, device=ids.device) for m in self.spec.request_marker)
-        n, t = len(marker), len(tool)
-        starts = torch.zeros(batch, seq, dtype=torch.bool, device=ids.device)
-        if seq < n:
-            return starts
-        windows = ids.unfold(1, n, 1)  # (batch, seq - n + 1, n)
-        hit = (windows == marker).all(-1)
-        if t and seq >= n + t:
-            after = ids[:, n:].unfold(1, t, 1)  # the tokens right after each marker
-            is_tool = (after == tool).all(-1)
-            hit[:, :is_tool.shape[1]] &= ~is_tool
-        starts[:, :hit.shape[1]] = hit
-        return starts
+        return request_start_flags(ids, self.spec.request_marker)
 
     def _ids_hook(self, module, args) -> None:
         ids = args[0] if args else None
@@ -865,6 +853,25 @@ def segment_token_id(base: str | Path) -> int:
         raise ComposeError(f"segment routing decides at {SEGMENT_TOKEN}, which the tokenizer of {base} does not "
                            "have as one token (a chat template of another family); use routing 'token'")
     return tid
+
+
+def request_start_flags(ids: torch.Tensor, marker_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    """``ids (batch, seq)`` -> bool ``(batch, seq)``: True at the first token of each :data:`REQUEST_MARKER` in
+    ``ids`` that the :data:`TOOL_MARKER` does not follow (a user message that is a request, not a tool's result).
+    ``marker_ids``: ``[marker ids, tool marker ids]`` (:func:`request_marker`). Shared by the composed model's
+    forward and the fast decode loop, so that both restart a request gate at the same tokens."""
+    marker, tool = (torch.tensor(list(m), dtype=ids.dtype, device=ids.device) for m in marker_ids)
+    batch, seq = ids.shape
+    n, t = len(marker), len(tool)
+    starts = torch.zeros(batch, seq, dtype=torch.bool, device=ids.device)
+    if seq < n:
+        return starts
+    hit = (ids.unfold(1, n, 1) == marker).all(-1)  # (batch, seq - n + 1)
+    if t and seq >= n + t:
+        is_tool = (ids[:, n:].unfold(1, t, 1) == tool).all(-1)  # the tokens right after each marker
+        hit[:, :is_tool.shape[1]] &= ~is_tool
+    starts[:, :hit.shape[1]] = hit
+    return starts
 
 
 def request_marker(base: str | Path) -> list[list[int]]:

@@ -12,7 +12,8 @@ decodes the same model with:
   block routing its tokens as the composer's own forward does (every expert stacked and masked by the
   tokens' gating weights, which at a few experts of rank 8-16 costs less than grouping the tokens); with
   context gates, each row carries the running sum of every block's normalised inputs, as the composer's
-  :class:`~trace_train.compose.model.BlockRouter` does under a KV cache;
+  :class:`~trace_train.compose.model.BlockRouter` does under a KV cache, and with request gates restarts it at
+  each user request of its prompt;
 * the prefix the rows of a batch share (the policy and tool schemas, and a group's common first prompt) held
   once and attended by every row together ("shared-prefix attention": one matmul over the prefix for all
   rows, a second over each row's own tokens, one softmax over both);
@@ -83,7 +84,7 @@ def _check(model: Any) -> None:
     if _is_composed(model) and (model.routing not in ("token", "segment") or model.forced is not None):
         # One adapter per episode differs per row, so the rows of a batch could not share the prefix's keys.
         raise Unsupported("per-episode (forced) routing")
-    if _is_composed(model) and getattr(model, "gate_input", "token") not in ("token", "context"):
+    if _is_composed(model) and getattr(model, "gate_input", "token") not in ("token", "context", "request"):
         raise Unsupported(f"{model.gate_input} gates")
     base = _base_model(model)
     config = getattr(base, "config", None)
@@ -262,7 +263,7 @@ def read_weights(model: Any) -> _Weights:
                                      gu=_routed([mlp.gate_proj, mlp.up_proj], model.num_experts),
                                      d=_routed([mlp.down_proj], model.num_experts),
                                      center=model.context_centers[li].detach().float()
-                                     if getattr(model, "gate_input", "token") == "context" else None,
+                                     if getattr(model, "gate_input", "token") in ("context", "request") else None,
                                      renormalise=getattr(model, "gate_weight", "prob") == "one")))
         lm_w, lm_b = _linear(base.lm_head)
         rotary = base.model.rotary_emb
@@ -286,6 +287,7 @@ class _Prefix:
     keys: list[Any]
     values: list[Any]
     sums: list[Any] | None = None  # context gates: per layer, the sum of its normalised block inputs [hidden]
+    count: int = 0  # context gates: how many tokens ``sums`` covers (request gates: since the last request)
     held: list[Any] | None = None  # segment routing: per layer, the gating weights of the open message [K]
 
     def __len__(self) -> int:
@@ -386,7 +388,12 @@ class FastDecoder:
         # Context gates route each token on the running mean of every earlier token's block inputs: the store
         # keeps keys and values, not those sums at every position, so such a model re-encodes each prompt after
         # the batch's shared prefix (whose sums the prefill computes).
-        self.context = _is_composed(model) and getattr(model, "gate_input", "token") == "context"
+        gate_input = getattr(model, "gate_input", "token") if _is_composed(model) else None
+        self.context = gate_input in ("context", "request")
+        # Request gates restart the running mean at each user request (ComposedModel.request_starts): the loop
+        # finds those tokens in each row's whole prompt with the composer's own function. Generated tokens never
+        # open a user message.
+        self.request_marker = model.spec.request_marker if gate_input == "request" else None
         # Segment routing holds each message's choice (ComposedModel, routing "segment"): the choice of the open
         # message is carried like the sums, and the store, which keeps neither, is off.
         self.segment_id = model.segment_token_id if _is_composed(model) and model.routing == "segment" else None
@@ -452,22 +459,31 @@ class FastDecoder:
         return torch.zeros_like(probs).scatter_add_(-1, slots, weights)[..., 1:]
 
     @staticmethod
-    def _context(layer: _Layer, h, sums, counts):
+    def _context(layer: _Layer, h, sums, counts, restarts=None):
         """Context gates: (the centred context of each token of ``h [..., n, hidden]``, the running sums after
-        them). ``sums [..., hidden]`` is the sum of the block's normalised inputs before these tokens and ``counts``
-        (a number, or ``[...]``) how many tokens it covers; the context of a token is the RMS-normalised mean over
-        every token up to it, less the block's centre, normalised again (``BlockRouter.context``)."""
+        them, the token count after them). ``sums [..., hidden]`` is the sum of the block's normalised inputs
+        before these tokens and ``counts`` (a number, or ``[...]``) how many tokens it covers; the context of a
+        token is the RMS-normalised mean over every token up to it, less the block's centre, normalised again
+        (``BlockRouter.context``). Request gates: ``restarts [..., n]`` marks the tokens where the mean starts
+        again (each user request's first token), so a token averages from the last restart at or before it."""
         import torch
 
         if layer.router is None or layer.router.center is None:
-            return None, sums
+            return None, sums, None
         x = _unit_rms(h.float())
         n = x.shape[-2]
         cums = torch.cumsum(x, dim=-2) + sums.unsqueeze(-2)
         steps = torch.arange(1, n + 1, device=x.device, dtype=x.dtype)
-        counts = torch.as_tensor(counts, device=x.device, dtype=x.dtype)
-        mean = _unit_rms(cums / (counts.unsqueeze(-1) + steps).unsqueeze(-1))
-        return _unit_rms(mean - layer.router.center), cums[..., -1, :]
+        totals = torch.as_tensor(counts, device=x.device, dtype=x.dtype).unsqueeze(-1) + steps
+        if restarts is not None and bool(restarts.any()):
+            positions = torch.arange(n, device=x.device)
+            last = torch.where(restarts, positions, torch.full_like(positions, -1)).cummax(dim=-1).values
+            restarted = last >= 0
+            before = (cums - x).gather(-2, last.clamp(min=0).unsqueeze(-1).expand_as(cums))  # the sums before it
+            cums = torch.where(restarted.unsqueeze(-1), cums - before, cums)
+            totals = torch.where(restarted, (positions - last + 1).to(x.dtype), totals)
+        mean = _unit_rms(cums / totals.unsqueeze(-1))
+        return _unit_rms(mean - layer.router.center), cums[..., -1, :], totals[..., -1]
 
     @staticmethod
     def _hold(route, starts, held):
@@ -545,13 +561,16 @@ class FastDecoder:
         return F.linear(self._norm(h, w.norm), w.lm_head, w.lm_bias)
 
     def _prefill(self, tokens, past: list[tuple[Any, Any]], start: int, prefix: _Prefix | None = None,
-                 sums: list[Any] | None = None, held: list[Any] | None = None):
+                 sums: list[Any] | None = None, held: list[Any] | None = None, count: int | None = None,
+                 restarts=None):
         """Encode ``tokens`` (1-D) at positions ``start..`` over ``past`` (per layer k/v ``[kv, start - P, D]``, after
         ``prefix`` of length P); returns (the new tokens' k/v per layer, logits of the last token, per layer the
-        running sum of the normalised block inputs after them: context gates only, else None). ``sums``: those
-        sums over the ``start`` tokens before (context gates; default zeros). Segment routing: ``held`` is, per layer,
-        the open message's gating weights before ``tokens`` (None at a sequence's start), and the tuple gets a
-        fourth item, the same after them."""
+        running sum of the normalised block inputs after them: context gates only, else None, the open message's
+        gating weights after them: segment routing only, else None, how many tokens the sums cover). ``sums``:
+        those sums over the ``count`` tokens before (context gates; default zeros over ``start`` tokens; request
+        gates count from the last request). ``restarts`` (request gates): bool ``[n]``, the tokens where a user
+        request starts. Segment routing: ``held`` is, per layer, the open message's gating weights before
+        ``tokens`` (None at a sequence's start)."""
         import torch
         import torch.nn.functional as F
 
@@ -559,18 +578,20 @@ class FastDecoder:
         n = int(tokens.numel())
         if self.context and sums is None:
             sums = [torch.zeros(w.embed.shape[1], dtype=torch.float32, device=w.device) for _ in w.layers]
+        count = start if count is None else count
         if n > PREFILL_CHUNK:  # bound the [n, context] score matrix: encode in chunks, each over the ones before
             pieces: list[list[tuple[Any, Any]]] = []
             acc = list(past)
             for at in range(0, n, PREFILL_CHUNK):
-                piece_kv, logits, sums, held = self._prefill(tokens[at:at + PREFILL_CHUNK], acc, start + at, prefix,
-                                                             sums, held)
+                piece_kv, logits, sums, held, count = self._prefill(
+                    tokens[at:at + PREFILL_CHUNK], acc, start + at, prefix, sums, held, count,
+                    None if restarts is None else restarts[at:at + PREFILL_CHUNK])
                 pieces.append(piece_kv)
                 acc = [(nk if pk is None else torch.cat([pk, nk], dim=1), nv if pv is None else torch.cat([pv, nv], dim=1))
                        for (pk, pv), (nk, nv) in zip(acc, piece_kv)]
             new_kv = [(torch.cat([pc[li][0] for pc in pieces], dim=1), torch.cat([pc[li][1] for pc in pieces], dim=1))
                       for li in range(len(w.layers))]
-            return new_kv, logits, sums, held
+            return new_kv, logits, sums, held, count
         g = w.heads // w.kv_heads
         cos, sin = self._rope_table(start + n)
         cos, sin = cos[start:start + n], sin[start:start + n]
@@ -587,10 +608,13 @@ class FastDecoder:
             starts = tokens == self.segment_id
             if start == 0:
                 starts[0] = True  # a sequence's first token opens its first segment
+        new_count = count + n
         for li, layer in enumerate(w.layers):
             context = None
             if new_sums is not None:
-                context, new_sums[li] = self._context(layer, h, new_sums[li], start)
+                context, new_sums[li], counted = self._context(layer, h, new_sums[li], count, restarts)
+                if counted is not None:
+                    new_count = int(counted)
             route = self._route(layer, h, context)
             if new_held is not None and route is not None:
                 route, new_held[li] = self._hold(route, starts, new_held[li])
@@ -610,7 +634,7 @@ class FastDecoder:
                 out = out + torch.matmul(probs[..., :p].reshape(w.kv_heads, g * n, p), prefix.values[li])
             out = out.view(w.heads, n, w.head_dim).transpose(0, 1).reshape(n, w.heads * w.head_dim)
             h = self._mlp_out(layer, h, out, route)
-        return new_kv, self._logits(h[-1:])[0], new_sums, new_held
+        return new_kv, self._logits(h[-1:])[0], new_sums, new_held, new_count
 
     def _choose(self, logits, temperature: float, top_k: int | None, top_p: float, generator):
         """(token per row, its log-probability) from ``logits [B, V]``."""
@@ -672,7 +696,16 @@ class FastDecoder:
         shared = min(int(s.numel()) for s in seqs) - 1
         for s in seqs[1:]:
             shared = min(shared, _common_length(seqs[0], s))
-        prefix, prefix_stored = self._shared_prefix(seqs[0][:shared], found)
+        restarts = None
+        if self.request_marker is not None:  # request gates: where each row's prompt opens a user request
+            from ..compose.model import request_start_flags
+
+            restarts = [request_start_flags(s[None], self.request_marker)[0] for s in seqs]
+            # Whether a marker is a request depends on the tokens after it (a tool's result is not): the prefix
+            # stops short of any marker it could cut, so its flags are every row's.
+            shared = max(0, shared - sum(len(m) for m in self.request_marker))
+        prefix, prefix_stored = self._shared_prefix(seqs[0][:shared], found,
+                                                    None if restarts is None else restarts[0][:shared])
         p = len(prefix) if prefix is not None else 0
         cached = [0] * b
 
@@ -680,6 +713,7 @@ class FastDecoder:
         own: list[list[tuple[Any, Any]]] = []
         first_logits = []
         row_sums: list[list[Any]] = []  # context gates: per row, per layer, the running sum after its prompt
+        row_counts: list[int] = []  # context gates: per row, how many tokens those sums cover
         row_held: list[list[Any]] = []  # segment routing: per row, per layer, the open message's weights
         for i, (seq, (entry, k)) in enumerate(zip(seqs, found)):
             n = int(seq.numel())
@@ -687,11 +721,13 @@ class FastDecoder:
             start = max(p, k)
             past = [entry.kv(li, p, start) for li in range(len(w.layers))] if start > p else \
                 [(None, None)] * len(w.layers)
-            new_kv, logits, sums, held = self._prefill(seq[start:], past, start, prefix,
-                                                       prefix.sums if prefix is not None else None,
-                                                       prefix.held if prefix is not None else None)
+            new_kv, logits, sums, held, count = self._prefill(
+                seq[start:], past, start, prefix, prefix.sums if prefix is not None else None,
+                prefix.held if prefix is not None else None, prefix.count if prefix is not None else None,
+                None if restarts is None else restarts[i][start:])
             if sums is not None:
                 row_sums.append(sums)
+                row_counts.append(count)
             if held is not None:
                 row_held.append(held)
             own.append([(torch.cat([pk, nk], dim=1) if pk is not None else nk,
@@ -712,6 +748,7 @@ class FastDecoder:
         del own
         # context gates: per layer [B, hidden], the running sums of each row (its token count is lengths + p)
         ctx_sums = [torch.stack([r[li] for r in row_sums]) for li in range(len(w.layers))] if row_sums else None
+        ctx_counts = torch.tensor(row_counts, dtype=torch.float32, device=dev) if row_sums else None
         # segment routing: per layer [B, K], each row's open message's gating weights (None for an unrouted layer)
         seg_held = [None if row_held[0][li] is None else torch.stack([r[li] for r in row_held])
                     for li in range(len(w.layers))] if row_held else None
@@ -744,6 +781,7 @@ class FastDecoder:
                 lengths, tok = lengths[keep], tok[keep]
                 if ctx_sums is not None:
                     ctx_sums = [c[keep] for c in ctx_sums]
+                    ctx_counts = ctx_counts[keep]
                 if seg_held is not None:
                     seg_held = [None if c is None else c[keep] for c in seg_held]
                 cache_k = [c[keep] for c in cache_k]
@@ -759,7 +797,7 @@ class FastDecoder:
             for li, layer in enumerate(w.layers):
                 context = None
                 if ctx_sums is not None:
-                    context, ctx_sums[li] = self._context(layer, h[:, None], ctx_sums[li], pos)
+                    context, ctx_sums[li], _ = self._context(layer, h[:, None], ctx_sums[li], ctx_counts)
                     context = context[:, 0]
                 route = self._route(layer, h, context)
                 if seg_held is not None and route is not None:  # a fed message start opens a new choice
@@ -785,13 +823,16 @@ class FastDecoder:
                     out = torch.matmul(probs, cache_v[li][:, :, :span])
                 h = self._mlp_out(layer, h, out.reshape(nb, w.heads * w.head_dim), route)
             lengths = lengths + 1
+            if ctx_counts is not None:
+                ctx_counts = ctx_counts + 1
             logits = self._logits(h)
         self._store_rows(seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, list(enumerate(rows)))
         return [Generation(tokens=t, logprobs=l, cached_tokens=c) for t, l, c in zip(out_tokens, out_logp, cached)]
 
-    def _shared_prefix(self, tokens, found) -> tuple[_Prefix | None, int]:
+    def _shared_prefix(self, tokens, found, restarts=None) -> tuple[_Prefix | None, int]:
         """The batch's shared prefix — an entry's prefix when it covers ``tokens``, else encoded (over what the
-        store has of it) — and how many of its tokens came from the store."""
+        store has of it) — and how many of its tokens came from the store. ``restarts``: request gates' restart
+        flags of ``tokens``."""
         import torch
 
         n = int(tokens.numel())
@@ -813,10 +854,11 @@ class FastDecoder:
                            values=[b.contiguous() for _, b in kv]), n
         # (A context-gated model's store is empty, so its prefix is always encoded here, with its running sums.)
         past = [best.kv(li, 0, k) for li in layers] if k else [(None, None)] * len(layers)
-        new_kv, _, sums, held = self._prefill(tokens[k:], past, k, None)
+        new_kv, _, sums, held, count = self._prefill(tokens[k:], past, k, None,
+                                                     restarts=None if restarts is None else restarts[k:])
         keys = [torch.cat([pk, nk], dim=1) if pk is not None else nk for (pk, _), (nk, _) in zip(past, new_kv)]
         values = [torch.cat([pv, nv], dim=1) if pv is not None else nv for (_, pv), (_, nv) in zip(past, new_kv)]
-        return _Prefix(tokens=tokens.clone(), keys=keys, values=values, sums=sums, held=held), k
+        return _Prefix(tokens=tokens.clone(), keys=keys, values=values, sums=sums, held=held, count=count), k
 
     def _store_rows(self, seqs, prompt_own, out_tokens, prefix, cache_k, cache_v, which) -> None:
         """Put the conversations of ``which`` ((batch row, original row) pairs) into the store: the prompt and the
