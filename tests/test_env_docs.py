@@ -36,6 +36,6 @@ def test_the_experiment_only_size_keys_say_so():
     from trace_envs.domains.airline.env import TauAirlineEnv
 
     doc = TauAirlineEnv.__doc__
-    for key in ("ask_details_prob", "cancel_grounds", "read_back", "uniform_status_prob"):
+    for key in ("ask_details_prob", "cancel_grounds", "read_back", "blind_cabin_prob", "uniform_status_prob"):
         assert key in doc, key
     assert "planted-deficit experiment" in doc

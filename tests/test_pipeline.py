@@ -187,12 +187,14 @@ def test_the_sft_warmup_option_warms_up_the_grpo_runs_and_not_the_sft_baseline(t
     from trace_train.pipeline.stages.train import _train_job, estimate_train
 
     cfg = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "max_minutes": 1.0,
-                                                            "options": {"sft_warmup_steps": 50}}})
+                                                            "options": {"sft_warmup_steps": 50,
+                                                                        "sft_warmup_env_kwargs": {"size": {}}}}})
     ctx = Context(cfg=cfg, run_dir=tmp_path, state={"stages": {}}, progress=False)
     env = ["trace/precondition_verification-v0"]
-    assert _train_job(ctx, "pv", env, 10)["cfg"].sft_warmup_steps == 50
+    grpo_cfg = _train_job(ctx, "pv", env, 10)["cfg"]
+    assert grpo_cfg.sft_warmup_steps == 50 and grpo_cfg.sft_warmup_env_kwargs == {"size": {}}
     baseline = _train_job(ctx, "_sft", env, 10, sft=True)["cfg"]
-    assert baseline.sft and baseline.sft_warmup_steps == 0
+    assert baseline.sft and baseline.sft_warmup_steps == 0 and baseline.sft_warmup_env_kwargs == {}
     with_warmup, note = estimate_train(ctx)
     cold = config_from_dict({"out": str(tmp_path), "train": {"model": "nano", "max_minutes": 1.0}})
     without, _ = estimate_train(Context(cfg=cold, run_dir=tmp_path, state={"stages": {}}, progress=False))

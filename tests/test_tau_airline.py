@@ -261,6 +261,52 @@ def test_read_back_opens_the_decision_with_the_cabin_and_refuses_without_status_
             env.close()
 
 
+def _cancellations(size: dict, seeds) -> list[tuple[str, str, str, float]]:
+    """(decision, the reservation's cabin, the oracle's decision message, its reward) of each seed's cancellation."""
+    env = gym.make(ENV_ID, scenarios=["cancel"], size=size)
+    out = []
+    try:
+        for seed in seeds:
+            traj = rollout(env, OracleAgent(), seed=seed)
+            request = env.unwrapped.task.requests[0]
+            rid = (request.write or request.forbidden_write).arguments["reservation_id"]
+            said = next(m["content"] for m in traj["messages"] if m["role"] == "assistant"
+                        and str(m.get("content") or "").startswith('"cabin"'))
+            out.append((request.decision, env.unwrapped.db.get("reservations", rid)["cabin"], said, traj["reward"]))
+    finally:
+        env.close()
+    return out
+
+
+def test_blind_cabin_draws_the_cabin_against_the_decision_and_the_reward_follows_the_decision():
+    """``blind_cabin_prob`` (with ``read_back``): in that share of the cancellations the reservation shows a cabin
+    drawn against the decision (business on a refusal, economy or basic economy on an allowed one), the oracle reads
+    it back as shown and still decides as drawn, and its reward follows the decision (the oracle wins). At 0.5 the
+    decision is independent of the cabin shown, what a decision-blind warm-up needs; off, the tasks are those of
+    every seed before the knob."""
+    size = {"bundle_prob": 0.0, "refusal_prob": 0.5, "cancel_grounds": ["business"], "ask_details_prob": 1.0,
+            "read_back": True}
+    honest = _cancellations(size, range(16))
+    assert _cancellations({**size, "blind_cabin_prob": 0.0}, range(16)) == honest
+    assert all((cabin == "business") == (decision == "act") for decision, cabin, _, _ in honest)
+    blind = _cancellations({**size, "blind_cabin_prob": 1.0}, range(16))
+    for decision, cabin, said, reward in blind:
+        assert (cabin == "business") == (decision == "refuse"), (decision, cabin)
+        assert said.startswith(f'"cabin": "{cabin}" ') and reward == 1.0, (said, reward)
+    assert {d for d, *_ in blind} == {"act", "refuse"}
+    half = _cancellations({**size, "blind_cabin_prob": 0.5}, range(40))
+    agree = collections.Counter((cabin == "business") == (decision == "act") for decision, cabin, _, _ in half)
+    assert agree[True] >= 10 and agree[False] >= 10, agree
+    for bad, words in (({**size, "blind_cabin_prob": 0.5, "read_back": False}, "read_back"),
+                       ({**size, "blind_cabin_prob": 2}, r"\[0, 1\]")):
+        env = gym.make(ENV_ID, scenarios=["cancel"], size=bad)
+        try:
+            with pytest.raises(ValueError, match=words):
+                env.reset(seed=0)
+        finally:
+            env.close()
+
+
 def test_tau2_size_and_fixed_db_seed():
     e = gym.make(ENV_ID, size="tau2", db_seed=3)
     try:

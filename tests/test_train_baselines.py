@@ -153,6 +153,53 @@ def test_the_turn_head_weight_reaches_the_sft_code(tmp_path, monkeypatch):
     assert [c.turn_head_weight for c in seen] == [10.0, 10.0, 1.0]
 
 
+def test_the_warmups_own_env_kwargs_reach_its_episodes_and_not_grpos(tmp_path, monkeypatch):
+    """``sft_warmup_env_kwargs`` (e.g. a decision-blind warm-up's ``{size: {blind_cabin_prob: 0.5}}``) reach the
+    warm-up's oracle episodes, its first env's and the mixture's, with ``size`` merged key by key into the run's;
+    they key the warm-up (another value fits it again); the SFT baseline and GRPO's own kwargs keep the run's; and
+    they need a warm-up."""
+    from trace_train.tiny import bootstrap
+    from trace_train.train import grpo
+    from trace_train.train.grpo import ConfigError, TrainConfig
+
+    seen = []
+
+    def fake_bootstrap(cfg, progress=True, **hooks):
+        seen.append(cfg)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bootstrap, "bootstrap_model", fake_bootstrap)
+    run_size = {"read_back": True, "cancel_grounds": ["business"]}
+    cfg = TrainConfig(env_ids=ENVS, model="m", output_dir=str(tmp_path), sft_warmup_steps=3,
+                      env_kwargs={"size": run_size}, sft_warmup_env_kwargs={"size": {"blind_cabin_prob": 0.5}})
+    kwargs = {e: {"size": dict(run_size), "difficulty": 3} for e in ENVS}
+    with pytest.raises(RuntimeError, match="stop here"):
+        grpo.sft_warmup(cfg, kwargs, "cpu")
+    blind = {**run_size, "blind_cabin_prob": 0.5}
+    assert seen[-1].env_kwargs == {"size": blind, "difficulty": 3}
+    assert seen[-1].mixture_env_kwargs == {"size": blind}
+    assert kwargs[ENVS[0]]["size"] == run_size  # GRPO's kwargs untouched
+
+    from types import SimpleNamespace
+
+    fits = []
+    monkeypatch.setattr("trace_train.train.sft.fit_sft_lora",
+                        lambda *a, **k: fits.append(1) or SimpleNamespace(examples=2, losses=[0.5]))
+    cfg.warmup_dir.mkdir(parents=True)
+    grpo.sft_warmup(cfg, kwargs, "cpu")
+    grpo.sft_warmup(cfg, kwargs, "cpu")
+    assert len(fits) == 1 and "blind_cabin_prob" in (cfg.warmup_dir / "done.json").read_text()
+    other = TrainConfig(env_ids=ENVS, model="m", output_dir=str(tmp_path), sft_warmup_steps=3,
+                        env_kwargs={"size": run_size}, sft_warmup_env_kwargs={"size": {"blind_cabin_prob": 0.25}})
+    grpo.sft_warmup(other, kwargs, "cpu")
+    assert len(fits) == 2
+    for bad in ({"size": 0.5}, ["size"]):
+        with pytest.raises(ConfigError, match="sft_warmup_env_kwargs"):
+            TrainConfig(env_ids=ENVS, model="m", output_dir="o", sft_warmup_steps=3, sft_warmup_env_kwargs=bad)
+    with pytest.raises(ConfigError, match="sft_warmup_env_kwargs.*sft_warmup_steps"):
+        TrainConfig(env_ids=ENVS, model="m", output_dir="o", sft_warmup_env_kwargs={"size": {"x": 1}})
+
+
 def test_replay_reaches_the_sft_code_and_keys_the_warmup(tmp_path, monkeypatch):
     """``sft_replay`` / ``sft_replay_share`` reach the bootstrap config of the SFT fits; a finished warm-up is
     reused only while the replayed file's content is the same (it is part of the warm-up's settings)."""

@@ -128,6 +128,10 @@ class TrainConfig:
                                   "envs' oracle episodes (sft_episodes, sft_lr, sft_batch_size), then GRPO trains "
                                   "the same LoRA on (the cold start of R1-style recipes: GRPO from a policy that "
                                   "already does the skill sometimes; 0 = off)", default=0)
+    sft_warmup_env_kwargs: dict = _help("the warm-up's own gym.make kwargs, over env_kwargs for its oracle episodes "
+                                        "only (a size mapping merged key by key): e.g. {size: {blind_cabin_prob: "
+                                        "0.5}} for a decision-blind warm-up that teaches the flow and leaves the "
+                                        "decision to GRPO (docs/train.md)", default_factory=dict)
     sft_turn_head_weight: float = _help("SFT (--sft and the warm-up): the first 8 tokens of every assistant turn "
                                         "count this many times in the loss, where a turn's decision sits (message "
                                         "or call, which tool, go ahead or refuse) among tokens copied from the "
@@ -226,6 +230,12 @@ class TrainConfig:
         self.output_dir = str(self.output_dir)
         if not isinstance(self.env_kwargs, dict):
             self._fail("env_kwargs", "give a mapping, e.g. {difficulty: 1}")
+        if not isinstance(self.sft_warmup_env_kwargs, dict) or \
+                not isinstance(self.sft_warmup_env_kwargs.get("size", {}), dict):
+            self._fail("sft_warmup_env_kwargs", "give a mapping (its size a mapping too), e.g. "
+                                                "{size: {blind_cabin_prob: 0.5}}")
+        if self.sft_warmup_env_kwargs and not self.sft_warmup_steps:
+            self._fail("sft_warmup_env_kwargs", "they are the warm-up's: set sft_warmup_steps too, or leave them out")
         for name in ("trl_args",):
             if not isinstance(getattr(self, name), dict):
                 self._fail(name, "give a mapping of trl.GRPOConfig options")

@@ -725,6 +725,15 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     return result
 
 
+def overlay_kwargs(kwargs: dict, over: dict) -> dict:
+    """``kwargs`` with ``over`` on top; a ``size`` mapping in both is merged key by key (the warm-up's
+    ``{size: {blind_cabin_prob: 0.5}}`` keeps the run's other size keys)."""
+    out = {**kwargs, **over}
+    if isinstance(kwargs.get("size"), dict) and isinstance(over.get("size"), dict):
+        out["size"] = {**kwargs["size"], **over["size"]}
+    return out
+
+
 def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Path:
     """The SFT warm-up of ``cfg.sft_warmup_steps`` steps on the envs' oracle episodes: fits the LoRA once into
     ``cfg.warmup_dir / "adapter"`` (a finished one is reused, so an interrupted run resumes without refitting) and
@@ -733,6 +742,9 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
 
     adapter = cfg.warmup_dir / "adapter"
     done = cfg.warmup_dir / "done.json"
+    over = cfg.sft_warmup_env_kwargs
+    if over:  # the warm-up's own episodes (e.g. decision-blind ones); GRPO keeps env_kwargs
+        env_kwargs = {e: overlay_kwargs(k, over) for e, k in env_kwargs.items()}
     # What the warm-up's weights depend on: a finished warm-up with other settings is fitted again.
     settings = {"steps": cfg.sft_warmup_steps, "model": str(cfg.model), "env_ids": list(cfg.env_ids),
                 "env_kwargs": env_kwargs, "sft_episodes": cfg.sft_episodes, "sft_lr": cfg.sft_lr,
@@ -747,7 +759,7 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
     if done.exists() and json.loads(done.read_text()).get("settings") == settings:
         return adapter
     t0 = time.perf_counter()
-    result = fit_sft_lora(cfg, env_kwargs, device, adapter, cfg.sft_warmup_steps)
+    result = fit_sft_lora(cfg, env_kwargs, device, adapter, cfg.sft_warmup_steps, mixture_over=over)
     done.write_text(json.dumps({"steps": cfg.sft_warmup_steps, "episodes": result.examples,
                                 "final_loss": result.losses[-1], "seconds": round(time.perf_counter() - t0, 1),
                                 "settings": settings}, indent=2))

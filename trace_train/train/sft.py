@@ -18,14 +18,17 @@ from .log import TrainResult
 
 
 def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out: Path, steps: int,
-                 on_checkpoint=None, checkpoint_every: int = 0):
+                 on_checkpoint=None, checkpoint_every: int = 0, mixture_over: dict | None = None):
     """Fit a LoRA on the envs' oracle episodes with the bootstrap's SFT code
     (:func:`trace_train.tiny.bootstrap.bootstrap_model` with ``lora``): the first env as its target and the others as
     a mixture of the same size. Writes the adapter (PEFT format) to ``out`` and returns the
     :class:`~trace_train.tiny.bootstrap.BootstrapResult`. Used by the SFT baseline and by GRPO's SFT warm-up
     (``TrainConfig.sft_warmup_steps``). ``on_checkpoint``/``checkpoint_every``: the bootstrap's hook, called as
-    ``fn(step, model, tokenizer, training_seconds)`` every ``checkpoint_every`` steps and at the end."""
+    ``fn(step, model, tokenizer, training_seconds)`` every ``checkpoint_every`` steps and at the end.
+    ``mixture_over``: kwargs over ``cfg.env_kwargs`` for the other envs (the warm-up's own, as ``env_kwargs``
+    already carries them for the first)."""
     from ..tiny.bootstrap import BootstrapConfig, bootstrap_model
+    from .grpo import overlay_kwargs
 
     first, *others = cfg.env_ids
     target_kwargs = {k: v for k, v in env_kwargs[first].items() if k != "prompt"}
@@ -35,7 +38,7 @@ def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out
                            lr=cfg.sft_lr, warmup_steps=min(10, steps), prompt=prompt if prompt in
                            ("compact", "full") else "compact", threads=cfg.threads, device=device, seed=cfg.seed,
                            env_kwargs=target_kwargs, mixture={e: 1.0 for e in others},
-                           mixture_env_kwargs={k: v for k, v in cfg.env_kwargs.items()},
+                           mixture_env_kwargs=overlay_kwargs(cfg.env_kwargs, mixture_over or {}),
                            lora={"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
                                  "target_modules": list(cfg.lora_target_modules)},
                            turn_head_weight=float(cfg.sft_turn_head_weight),

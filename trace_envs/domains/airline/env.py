@@ -45,12 +45,14 @@ class TauAirlineEnv(TauEnv):
     Arguments:
         ``size`` ("small" default, "medium", "tau2" = τ²-bench's entity counts, or a dict of overrides). The
         dict may also set the task mix: ``bundle_prob`` (share of tasks with two requests, for multi-step
-        work) and ``refusal_prob`` (share of requests the policy forbids, for precondition checks). Four more
+        work) and ``refusal_prob`` (share of requests the policy forbids, for precondition checks). Five more
         keys exist for the planted-deficit experiment (docs/environments.md, "Options that exist for the
         planted experiment"); they change what the tasks ask, so leave them unset unless you reproduce it:
         ``ask_details_prob`` (requests that name their record only when the agent asks),
         ``cancel_grounds`` (the grounds an allowed cancellation is drawn with; ``["business"]`` makes it rest
-        on the cabin alone), ``read_back`` (with that, the oracle states the cabin before deciding) and
+        on the cabin alone), ``read_back`` (with that, the oracle states the cabin before deciding),
+        ``blind_cabin_prob`` (with that, cancellations whose cabin is drawn against the decision: oracle episodes
+        for a decision-blind SFT warm-up, never a reward to train or evaluate on) and
         ``uniform_status_prob`` (flight statuses drawn uniformly instead of mostly ``landed``),
         ``db_seed`` (fixed database, tasks vary with the seed), ``scenarios`` / ``exclude_scenarios``
         (families: cancel, flight_change, cabin_change, baggage, booking, passenger_update, compensation,

@@ -47,7 +47,12 @@ field as the record writes it, then the decision (``"cabin": "economy" does not 
 …``; ``"cabin": "business" allows cancelling, so …``), and a refusal reads no flight statuses first (they cannot
 change it): the decision comes right after the record and right after the value it rests on, where a small
 model's copy circuit brings it, and the two messages never meet again (docs/environments.md,
-"Options that exist for the planted experiment").
+"Options that exist for the planted experiment"). With ``read_back``, ``blind_cabin_prob`` (default 0) is the
+chance that a cancellation's reservation is planted with a cabin drawn *against* its decision (business on a request
+that must be refused, economy or basic economy on one that is allowed): the record, the oracle's read-back and the
+decision disagree, so SFT on the oracle's episodes teaches the whole flow and leaves the decision independent of the
+cabin, a start from which GRPO has the decision to learn (``TrainConfig.sft_warmup_env_kwargs``). Its reward follows
+the decision drawn, not the cabin shown: never train GRPO or evaluate on it.
 """
 
 from __future__ import annotations
@@ -144,6 +149,16 @@ def _cancel_grounds(value: Any) -> tuple[str, ...]:
     return grounds
 
 
+def _blind_cabin(value: Any, read_back: bool) -> float:
+    """``size["blind_cabin_prob"]`` checked: a probability, and only with ``read_back`` (the cabin decides)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"size['blind_cabin_prob'] must be a number in [0, 1], got {value!r}")
+    if value and not read_back:
+        raise ValueError("size['blind_cabin_prob'] plants a cabin against the decision, which needs the cabin to be "
+                         "the one ground: set size['read_back'] = true and size['cancel_grounds'] = ['business']")
+    return float(value)
+
+
 def _read_back(value: Any, grounds: tuple[str, ...]) -> bool:
     """``size["read_back"]`` checked: a bool, and only with the cabin as the one ground (the field read back)."""
     if not isinstance(value, bool):
@@ -168,6 +183,7 @@ class _Gen:
         self.withhold = False  # whether the request being built leaves out what identifies it (see build)
         self.cancel_grounds = _cancel_grounds(size.get("cancel_grounds"))
         self.read_back = _read_back(size.get("read_back", False), self.cancel_grounds)
+        self.blind_cabin = _blind_cabin(size.get("blind_cabin_prob", 0.0), self.read_back)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -329,9 +345,12 @@ def _cancel(g: _Gen) -> Request:
     d = g.d
     refuse = g.refusal()
     reason = d.pick(g.cancel_grounds)
+    # A decision-blind episode (size.blind_cabin_prob; read_back only): the cabin is drawn against the decision.
+    # No draw when the knob is off, so every other seed keeps its task.
+    blind = bool(g.blind_cabin) and d.chance(g.blind_cabin)
     if refuse:
         insurance = d.pick(("yes", "no"))
-        r = g.plant(cabin=d.pick(("basic_economy", "economy")), insurance=insurance)
+        r = g.plant(cabin="business" if blind else d.pick(("basic_economy", "economy")), insurance=insurance)
         why_text = "My plans changed." if insurance == "yes" else d.pick(
             ("My plans changed.", "I'm feeling sick and can't travel.", "There's a storm coming."))
     elif reason == "recent":
@@ -346,7 +365,7 @@ def _cancel(g: _Gen) -> Request:
         g.set_status(seg["flight_number"], seg["date"], {"status": "cancelled"})
         why_text = "I heard the airline cancelled my flight."
     elif reason == "business":
-        r = g.plant(cabin="business", insurance="no")
+        r = g.plant(cabin=d.pick(("basic_economy", "economy")) if blind else "business", insurance="no")
         why_text = "My plans changed."
     else:
         r = g.plant(cabin=d.pick(("basic_economy", "economy")), insurance="yes")

@@ -55,6 +55,7 @@ def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
         kwargs["sft_replay"] = str(ctx.path("rollouts", "trajectories.jsonl"))
     if sft:  # train.options.sft_warmup_steps warms up the GRPO runs; the SFT baseline is all SFT already
         kwargs.pop("sft_warmup_steps", None)
+        kwargs.pop("sft_warmup_env_kwargs", None)
     try:
         cfg = TrainConfig(**kwargs)
     except TypeError as exc:
