@@ -147,6 +147,10 @@ def test_l1_prefers_sft_on_the_capabilitys_own_env(run_dir):
     assert l1["cap_b"]["sft"] == "sft:cap_b" and l1["cap_b"]["delta"]["value"] == pytest.approx(0.75)
     assert l1["cap_b"]["held"] is True
     assert l1["cap_a"]["sft"] == "sft" and l1["cap_a"]["delta"]["value"] == pytest.approx(1.0)
+    # a warm-up on episodes of its own (e.g. decision-blind ones) is no transfer ceiling: the SFT baseline decides
+    (run_dir / "config.yaml").write_text("train:\n  options:\n    sft_warmup_env_kwargs: {size: {blind_cabin_prob: 0.5}}\n")
+    l1 = {r["capability"]: r for r in compute_links(run_dir, n_boot=500, seed=0)["L1"]["rows"]}
+    assert l1["cap_b"]["sft"] == "sft" and l1["cap_b"]["delta"]["value"] == pytest.approx(0.0)
 
 
 def test_grpo_is_split_from_the_sft_warm_up_it_started_from(run_dir):

@@ -127,6 +127,17 @@ def _verdict(parts: list[bool | None]) -> str:
     return "held" if all(parts) else "failed"
 
 
+def _warmup_env_kwargs(run: Path) -> dict:
+    """The run's ``train.options.sft_warmup_env_kwargs`` (its ``config.yaml``; {} when unset or absent)."""
+    import yaml
+
+    path = run / "config.yaml"
+    if not path.is_file():
+        return {}
+    cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return dict(((cfg.get("train") or {}).get("options") or {}).get("sft_warmup_env_kwargs") or {})
+
+
 def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dict:
     """The four links of a run directory: per link its rows (one per capability or family), its verdict
     (``held``, ``failed``, ``not measured``) and a sentence saying so."""
@@ -150,11 +161,14 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     out: dict[str, dict] = {}
 
     # L1: SFT vs base on each capability's families: SFT on that capability's env alone where the run has it (the
-    # SFT warm-up of its GRPO run, evaluated as `sft:<capability>`), else the SFT baseline (every env at once).
+    # SFT warm-up of its GRPO run, evaluated as `sft:<capability>`), else the SFT baseline (every env at once). A
+    # warm-up on episodes of its own (train.options.sft_warmup_env_kwargs, e.g. decision-blind ones) is no
+    # transfer ceiling: L1 then reads the SFT baseline.
     sft = records_of("sft")
+    own_episodes = not _warmup_env_kwargs(run)
     rows, parts = [], []
     for cap, fams in families.items():
-        own = records_of(f"sft:{cap}")
+        own = records_of(f"sft:{cap}") if own_episodes else []
         d = _delta(_select(base, set(fams), True), _select(own or sft, set(fams), True), n_boot, seed)
         rows.append({"capability": cap, "families": fams, "delta": d, "held": _above(d),
                      "sft": f"sft:{cap}" if own else "sft"})
