@@ -508,6 +508,9 @@ def test_per_episode_routing_never_reuses_another_adapters_prefix_cache(setup):
     assert cached.cached_prompt_tokens == 0  # the cancellation's system prompt went through another adapter
     assert cached("", info["cancel2"]) == fresh["cancel2"]
     assert cached.cached_prompt_tokens > 0  # same adapter: the system prompt is reused
+    fast = HFAgent(model, tokenizer=tok, max_new_tokens=12)  # the fast loop: one store per adapter
+    assert fast.decode == "fast" and [fast("", info[name]) for name in requests] == list(fresh.values())
+    assert fast.cached_prompt_tokens > 0 and sorted(fast.decoder._stores) == [1, 2]
     # The scopes matter: a cache that lets any conversation's prefix serve another (the old behaviour) hands the
     # status episode the cancellation's system prompt, encoded through the other adapter, and its reply changes.
     unscoped = agent(True)

@@ -223,6 +223,48 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
         assert not auto_applies(composed)
 
 
+def test_per_episode_routing_decodes_like_its_generate(tiny, tmp_path, monkeypatch):
+    """Per-episode routing (one adapter per conversation, chosen from its first observation) on the fast path: the
+    loop groups the prompts by the episode router's slot and decodes each group with every token on that adapter,
+    the tokens of the composed model's own ``generate``; a second turn reuses each slot's own store (a prefix's
+    keys/values differ between adapters), and a slot forced from outside still keeps ``generate``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.compose import ComposedModel
+    from trace_train.tiny.fast_decode import FastDecoder, supported
+
+    path, _, tok = tiny
+    adapters = {}
+    for i, name in enumerate(("alpha", "beta")):
+        peft_model = _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1)
+        peft_model.save_pretrained(tmp_path / name)
+        adapters[name] = str(tmp_path / name)
+    composed = ComposedModel.build(path, adapters).eval()
+    eos = _eos(tok)
+    _, prompts = _first_prompts(tok, range(8))
+    composed.routing = "per_episode"
+    router = composed.episode_router()
+    # The choice itself is the router's business (tests/test_compose.py); here each first observation is sent to
+    # a slot by the parity of its tokens, so that both adapters decode a group. Both paths ask the same router.
+    monkeypatch.setattr(router, "_decide", lambda prefix: 1 + sum(prefix) % 2)
+    slots = [router.slot_for(p) for p in prompts]
+    assert set(slots) == {1, 2}, slots
+    decoder = FastDecoder(composed)
+    got = [g.tokens for g in decoder.generate(prompts, 16, eos)]
+    want = [_generate_reference(composed, p, eos, 16) for p in prompts]
+    assert _same_but_ties(composed, prompts, got, want) >= 6
+    nxt = [p + w + tok("<|im_end|>\n<|im_start|>user\nPlease go on.<|im_end|>\n<|im_start|>assistant\n",
+                          add_special_tokens=False)["input_ids"] for p, w in zip(prompts, want)]
+    second = decoder.generate(nxt, 16, eos)
+    assert sorted(decoder._stores) == [1, 2] and all(s.entries for s in decoder._stores.values())
+    assert all(g.cached_tokens > 0 for g in second)  # each conversation's own keys/values, from its slot's store
+    want = [_generate_reference(composed, p, eos, 16) for p in nxt]
+    assert _same_but_ties(composed, nxt, [g.tokens for g in second], want) >= 6
+    with composed.force_routing(1):
+        assert supported(composed) == (False, "forced routing")
+
+
 def test_sampled_tokens_carry_the_policys_logprobs(nano):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

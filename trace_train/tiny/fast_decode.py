@@ -63,6 +63,12 @@ def _base_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def _episode_routings() -> tuple[str, ...]:
+    from ..compose.model import EPISODE_ROUTINGS
+
+    return EPISODE_ROUTINGS
+
+
 def supported(model: Any) -> tuple[bool, str]:
     """Whether :class:`FastDecoder` can run ``model`` (a ``Qwen3ForCausalLM``, optionally with PEFT LoRA); why not."""
     try:
@@ -81,9 +87,11 @@ def auto_applies(model: Any) -> bool:
 
 
 def _check(model: Any) -> None:
-    if _is_composed(model) and (model.routing not in ("token", "segment") or model.forced is not None):
-        # One adapter per episode differs per row, so the rows of a batch could not share the prefix's keys.
-        raise Unsupported("per-episode (forced) routing")
+    if _is_composed(model) and model.forced is not None:
+        # Slots forced from outside (force_routing) may differ per row or per token: generate() takes them.
+        raise Unsupported("forced routing")
+    if _is_composed(model) and model.routing not in ("token", "segment", *_episode_routings()):
+        raise Unsupported(f"{model.routing} routing")
     if _is_composed(model) and getattr(model, "gate_input", "token") not in ("token", "context", "request"):
         raise Unsupported(f"{model.gate_input} gates")
     base = _base_model(model)
@@ -389,6 +397,14 @@ class FastDecoder:
         # keeps keys and values, not those sums at every position, so such a model re-encodes each prompt after
         # the batch's shared prefix (whose sums the prefill computes).
         gate_input = getattr(model, "gate_input", "token") if _is_composed(model) else None
+        # Per-episode (and per-task) routing: one adapter for a whole conversation, chosen from its first
+        # observation by the model's episode router. generate() groups the prompts by that slot and decodes each
+        # group with every token on its adapter (the gates are not read, so no context sums), each slot with a
+        # store of its own: a prefix's keys/values differ between adapters.
+        self.episode = _is_composed(model) and model.routing in _episode_routings()
+        self._slot: int | None = None  # the slot every token takes while a group decodes (episode routing)
+        if self.episode:
+            gate_input = None
         self.context = gate_input in ("context", "request")
         # Request gates restart the running mean at each user request (ComposedModel.request_starts): the loop
         # finds those tokens in each row's whole prompt with the composer's own function. Generated tokens never
@@ -398,16 +414,20 @@ class FastDecoder:
         # message is carried like the sums, and the store, which keeps neither, is off.
         self.segment_id = model.segment_token_id if _is_composed(model) and model.routing == "segment" else None
         self.store = KVStore(limit=0 if self.context or self.segment_id is not None else store_limit)
+        self._stores: dict[int, KVStore] = {}  # episode routing: one store per slot
+        self._version: int | None = None
         self._weights: _Weights | None = None
         self._rope: tuple[Any, Any] | None = None
 
     # -- weights
     def _refresh(self) -> _Weights:
         version = weights_version(self.model)
-        if self._weights is None or version != self.store.version:
+        if self._weights is None or version != self._version:
             self._weights = read_weights(self.model)
-            self.store.clear()
-            self.store.version = version
+            for store in {id(self.store): self.store, **{id(s): s for s in self._stores.values()}}.values():
+                store.clear()
+                store.version = version
+            self._version = version
         return self._weights
 
     def _rope_table(self, length: int):
@@ -449,6 +469,11 @@ class FastDecoder:
         r = layer.router
         if r is None:
             return None
+        if self._slot is not None:  # episode routing: every token on the chosen slot's adapter (0: the base)
+            route = torch.zeros(*h.shape[:-1], r.experts, dtype=h.dtype, device=h.device)
+            if self._slot > 0:
+                route[..., self._slot - 1] = 1.0
+            return route
         x = _unit_rms(h.float())
         if r.center is not None:
             x = torch.cat([x, context], dim=-1)
@@ -678,7 +703,23 @@ class FastDecoder:
         if not prompts:
             return []
         with torch.inference_mode():
-            return self._generate(prompts, max_new_tokens, eos_ids, temperature, top_k, top_p, generator)
+            if not self.episode:
+                return self._generate(prompts, max_new_tokens, eos_ids, temperature, top_k, top_p, generator)
+            router = self.model.episode_router()
+            slots = [int(router.slot_for(list(p))) for p in prompts]
+            router.last_slots = slots  # as its choose() records them for generate()
+            out: list[Generation | None] = [None] * len(prompts)
+            try:
+                for slot in sorted(set(slots)):
+                    rows = [i for i, s in enumerate(slots) if s == slot]
+                    self._slot = slot
+                    self.store = self._stores.setdefault(slot, KVStore(limit=self.store.limit, version=self._version))
+                    for i, gen in zip(rows, self._generate([prompts[i] for i in rows], max_new_tokens, eos_ids,
+                                                           temperature, top_k, top_p, generator)):
+                        out[i] = gen
+            finally:
+                self._slot = None
+            return out  # type: ignore[return-value]
 
     def _generate(self, prompts, max_new_tokens, eos_ids, temperature, top_k, top_p, generator):
         import torch
