@@ -12,6 +12,10 @@ return and in the oracle's read-back alike. Its oracle episodes therefore go thr
 decide independently of the cabin they read: SFT on them teaches the format and leaves the decision at chance, the
 start GRPO needs (every group of a seed samples both decisions, and reading the cabin is exactly what is left).
 Its reward is not meant to be trained on.
+
+The library has since taken the same idea as an option of every airline env, ``size.blind_cabin_prob`` (it plants
+the cabin against the decision while the task is drawn; docs/environments.md), which a GRPO run's warm-up takes
+through ``TrainConfig.sft_warmup_env_kwargs``. This class stays as the results beside it were measured with it.
 """
 
 from __future__ import annotations
