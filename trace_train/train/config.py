@@ -42,6 +42,15 @@ def _help(text: str, **kwargs: Any) -> Any:
     return field(metadata={"help": text}, **kwargs)
 
 
+def overlay_kwargs(kwargs: dict, over: dict) -> dict:
+    """``kwargs`` with ``over`` on top; a ``size`` mapping in both is merged key by key (the warm-up's
+    ``{size: {blind_cabin_prob: 0.5}}`` keeps the run's other size keys)."""
+    out = {**kwargs, **over}
+    if isinstance(kwargs.get("size"), dict) and isinstance(over.get("size"), dict):
+        out["size"] = {**kwargs["size"], **over["size"]}
+    return out
+
+
 @dataclass
 class TrainConfig:
     """Settings of one ``trace train`` run (GRPO of one LoRA adapter, or its SFT baseline).
@@ -615,4 +624,5 @@ class TrainConfig:
         return "\n".join(lines)
 
 
-__all__ = ["ConfigError", "DECODES", "DEVICES", "LOSS_FORWARDS", "LOSS_TYPES", "ROLLOUTS", "TrainConfig", "VLLM_MODES"]
+__all__ = ["ConfigError", "DECODES", "DEVICES", "LOSS_FORWARDS", "LOSS_TYPES", "ROLLOUTS", "TrainConfig", "VLLM_MODES",
+           "overlay_kwargs"]

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .calibration import calibrate
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, overlay_kwargs
 from .log import LOG_COLUMNS, TrainResult, plot_reward_curve, read_log
 
 logger = logging.getLogger(__name__)
@@ -723,15 +723,6 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
     (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
-
-
-def overlay_kwargs(kwargs: dict, over: dict) -> dict:
-    """``kwargs`` with ``over`` on top; a ``size`` mapping in both is merged key by key (the warm-up's
-    ``{size: {blind_cabin_prob: 0.5}}`` keeps the run's other size keys)."""
-    out = {**kwargs, **over}
-    if isinstance(kwargs.get("size"), dict) and isinstance(over.get("size"), dict):
-        out["size"] = {**kwargs["size"], **over["size"]}
-    return out
 
 
 def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Path:

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from .config import TrainConfig
+from .config import TrainConfig, overlay_kwargs
 from .log import TrainResult
 
 
@@ -28,7 +28,6 @@ def fit_sft_lora(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str, out
     ``mixture_over``: kwargs over ``cfg.env_kwargs`` for the other envs (the warm-up's own, as ``env_kwargs``
     already carries them for the first)."""
     from ..tiny.bootstrap import BootstrapConfig, bootstrap_model
-    from .grpo import overlay_kwargs
 
     first, *others = cfg.env_ids
     target_kwargs = {k: v for k, v in env_kwargs[first].items() if k != "prompt"}
