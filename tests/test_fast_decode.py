@@ -147,6 +147,17 @@ def _lora(model, seed=0):
     return peft_model
 
 
+def _two_adapters(path: str, folder) -> dict[str, str]:
+    """Two random LoRAs over the model at ``path``, saved under ``folder``: name -> folder."""
+    from transformers import AutoModelForCausalLM
+
+    adapters = {}
+    for i, name in enumerate(("alpha", "beta")):
+        _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1).save_pretrained(folder / name)
+        adapters[name] = str(folder / name)
+    return adapters
+
+
 @pytest.mark.parametrize("top_k, gate_input, gate_weight, routing", [
     (1, "token", "prob", "token"), (2, "token", "prob", "token"), (1, "context", "prob", "token"),
     (1, "context", "one", "token"), (2, "token", "one", "token"), (1, "context", "prob", "segment"),
@@ -163,17 +174,12 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
     request gates the running mean restarts at each user request of the prompt (the second turn's is one), as the
     composer's forward restarts it; a loop that did not restart decodes otherwise."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from trace_train.compose import ComposedModel
     from trace_train.tiny.fast_decode import FastDecoder, auto_applies
 
     path, _, tok = tiny
-    adapters = {}
-    for i, name in enumerate(("alpha", "beta")):
-        peft_model = _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1)
-        peft_model.save_pretrained(tmp_path / name)
-        adapters[name] = str(tmp_path / name)
+    adapters = _two_adapters(path, tmp_path)
     composed = ComposedModel.build(path, adapters, top_k=top_k, gate_input=gate_input, gate_weight=gate_weight).eval()
     eos = _eos(tok)
     _, prompts = _first_prompts(tok, range(8))
@@ -212,13 +218,16 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
     if gate_input != "token" or routing == "segment":  # a second turn: the same decoder, longer prompts
         nxt = [p + w + tok("<|im_end|>\n<|im_start|>user\nPlease go on.<|im_end|>\n<|im_start|>assistant\n",
                               add_special_tokens=False)["input_ids"] for p, w in zip(prompts, want)]
-        got = [g.tokens for g in decoder.generate(nxt, 16, eos)]
+        second = decoder.generate(nxt, 16, eos)
+        got = [g.tokens for g in second]
         assert not decoder.store.entries  # no keys/values kept between turns: their sums/holds are not stored
         want = [_generate_reference(composed, p, eos, 16) for p in nxt]
         assert _same_but_ties(composed, nxt, got, want) >= 6
-        if gate_input == "request":  # the restarts are what make it so
+        if gate_input == "request" and routing == "token":  # the restarts are what make it so: without them the
+            # first tokens score otherwise (a segment-routed message holds one choice, which they may not flip)
             decoder.request_marker = None
-            assert [g.tokens for g in decoder.generate(nxt, 16, eos)] != got
+            unrestarted = decoder.generate(nxt, 16, eos)
+            assert max(abs(a.logprobs[0] - b.logprobs[0]) for a, b in zip(second, unrestarted)) > 1e-3
     with composed.force_routing(1):  # forced (per-episode) routing keeps generate()
         assert not auto_applies(composed)
 
@@ -228,18 +237,11 @@ def test_per_episode_routing_decodes_like_its_generate(tiny, tmp_path, monkeypat
     loop groups the prompts by the episode router's slot and decodes each group with every token on that adapter,
     the tokens of the composed model's own ``generate``; a second turn reuses each slot's own store (a prefix's
     keys/values differ between adapters), and a slot forced from outside still keeps ``generate``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from trace_train.compose import ComposedModel
     from trace_train.tiny.fast_decode import FastDecoder, supported
 
     path, _, tok = tiny
-    adapters = {}
-    for i, name in enumerate(("alpha", "beta")):
-        peft_model = _lora(AutoModelForCausalLM.from_pretrained(path), seed=i + 1)
-        peft_model.save_pretrained(tmp_path / name)
-        adapters[name] = str(tmp_path / name)
+    adapters = _two_adapters(path, tmp_path)
     composed = ComposedModel.build(path, adapters).eval()
     eos = _eos(tok)
     _, prompts = _first_prompts(tok, range(8))

@@ -253,12 +253,17 @@ def test_read_back_opens_the_decision_with_the_cabin_and_refuses_without_status_
         env.close()
     for bad, words in (({"read_back": True}, "cancel_grounds"),
                        ({"read_back": "yes", "cancel_grounds": ["business"]}, "true or false")):
-        env = gym.make(ENV_ID, scenarios=["cancel"], size=bad)
-        try:
-            with pytest.raises(ValueError, match=words):
-                env.reset(seed=0)
-        finally:
-            env.close()
+        _refuses_cancel_size(bad, words)
+
+
+def _refuses_cancel_size(size: dict, words: str) -> None:
+    """A cancellation env with ``size`` raises a ValueError matching ``words`` at reset."""
+    env = gym.make(ENV_ID, scenarios=["cancel"], size=size)
+    try:
+        with pytest.raises(ValueError, match=words):
+            env.reset(seed=0)
+    finally:
+        env.close()
 
 
 def _cancellations(size: dict, seeds) -> list[tuple[str, str, str, float]]:
@@ -299,12 +304,7 @@ def test_blind_cabin_draws_the_cabin_against_the_decision_and_the_reward_follows
     assert agree[True] >= 10 and agree[False] >= 10, agree
     for bad, words in (({**size, "blind_cabin_prob": 0.5, "read_back": False}, "read_back"),
                        ({**size, "blind_cabin_prob": 2}, r"\[0, 1\]")):
-        env = gym.make(ENV_ID, scenarios=["cancel"], size=bad)
-        try:
-            with pytest.raises(ValueError, match=words):
-                env.reset(seed=0)
-        finally:
-            env.close()
+        _refuses_cancel_size(bad, words)
 
 
 def test_tau2_size_and_fixed_db_seed():
