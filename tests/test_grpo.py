@@ -186,3 +186,20 @@ def test_cli_reports_a_bad_value_in_one_line(tmp_path, capsys):
                  "--group-size", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "TrainConfig.group_size = 1" in err and "Traceback" not in err
+
+
+def test_resume_skips_a_checkpoint_whose_save_did_not_finish(tmp_path):
+    """A run killed in the middle of a save leaves a newer ``checkpoint-N`` without ``trainer_state.json`` (the
+    Trainer writes it last); resuming takes the newest finished one, by step number, not by name."""
+    from trace_train.train.grpo import last_complete_checkpoint
+
+    assert last_complete_checkpoint(tmp_path) is None
+    for step, finished in ((2, True), (9, True), (10, True), (12, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"")
+        if finished:
+            (folder / "trainer_state.json").write_text('{"global_step": %d}' % step)
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    (tmp_path / "checkpoint-10" / "trainer_state.json").unlink()
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-9")

@@ -631,7 +631,6 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig
 
     from .trainer import StepLogger, TimeBudget, TraceGRPOTrainer
@@ -641,7 +640,7 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     args = GRPOConfig(**cfg.grpo_kwargs(device))
     resume_from = None
     if cfg.resume and cfg.checkpoint_dir.is_dir():
-        resume_from = get_last_checkpoint(str(cfg.checkpoint_dir))
+        resume_from = last_complete_checkpoint(cfg.checkpoint_dir)
     if cfg.resume and resume_from is None:
         logger.warning("resume: no checkpoint in %s; starting from step 0", cfg.checkpoint_dir)
     start_step = int(json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]) \
@@ -723,6 +722,26 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
                          seconds=time.perf_counter() - t0, output_dir=out, final=rows[-1] if rows else {})
     (out / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
+
+
+def last_complete_checkpoint(folder: Path) -> str | None:
+    """The newest ``checkpoint-N`` in ``folder`` whose save finished, or None. The Trainer writes a checkpoint's
+    ``trainer_state.json`` after its weights and optimizer state, so a run killed in the middle of a save leaves a
+    newer folder without one: resuming from it failed (FileNotFoundError), and the older complete one is kept."""
+    found = []  # (step, folder, finished)
+    for d in Path(folder).glob("checkpoint-*"):
+        suffix = d.name.rpartition("-")[2]
+        if d.is_dir() and suffix.isdigit():
+            found.append((int(suffix), d, (d / "trainer_state.json").is_file()))
+    done = [(step, d) for step, d, finished in found if finished]
+    if not done:
+        return None
+    step, newest = max(done)
+    skipped = sorted(d.name for s_, d, finished in found if s_ > step and not finished)
+    if skipped:
+        logger.warning("resume: %s unfinished (no trainer_state.json); resuming from %s", ", ".join(skipped),
+                       newest.name)
+    return str(newest)
 
 
 def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Path:
