@@ -424,7 +424,7 @@ class FastDecoder:
         version = weights_version(self.model)
         if self._weights is None or version != self._version:
             self._weights = read_weights(self.model)
-            for store in {id(self.store): self.store, **{id(s): s for s in self._stores.values()}}.values():
+            for store in (self.store, *self._stores.values()):  # (the current one may be listed twice)
                 store.clear()
                 store.version = version
             self._version = version
@@ -486,7 +486,7 @@ class FastDecoder:
     @staticmethod
     def _context(layer: _Layer, h, sums, counts, restarts=None):
         """Context gates: (the centred context of each token of ``h [..., n, hidden]``, the running sums after
-        them, the token count after them). ``sums [..., hidden]`` is the sum of the block's normalised inputs
+        them). ``sums [..., hidden]`` is the sum of the block's normalised inputs
         before these tokens and ``counts`` (a number, or ``[...]``) how many tokens it covers; the context of a
         token is the RMS-normalised mean over every token up to it, less the block's centre, normalised again
         (``BlockRouter.context``). Request gates: ``restarts [..., n]`` marks the tokens where the mean starts
@@ -494,7 +494,7 @@ class FastDecoder:
         import torch
 
         if layer.router is None or layer.router.center is None:
-            return None, sums, None
+            return None, sums
         x = _unit_rms(h.float())
         n = x.shape[-2]
         cums = torch.cumsum(x, dim=-2) + sums.unsqueeze(-2)
@@ -508,7 +508,7 @@ class FastDecoder:
             cums = torch.where(restarted.unsqueeze(-1), cums - before, cums)
             totals = torch.where(restarted, (positions - last + 1).to(x.dtype), totals)
         mean = _unit_rms(cums / totals.unsqueeze(-1))
-        return _unit_rms(mean - layer.router.center), cums[..., -1, :], totals[..., -1]
+        return _unit_rms(mean - layer.router.center), cums[..., -1, :]
 
     @staticmethod
     def _hold(route, starts, held):
@@ -633,13 +633,13 @@ class FastDecoder:
             starts = tokens == self.segment_id
             if start == 0:
                 starts[0] = True  # a sequence's first token opens its first segment
-        new_count = count + n
+        new_count = count + n  # the tokens the sums cover after these: from the last restart among them, if any
+        if restarts is not None and bool(restarts.any()):
+            new_count = n - int(restarts.nonzero()[-1])
         for li, layer in enumerate(w.layers):
             context = None
             if new_sums is not None:
-                context, new_sums[li], counted = self._context(layer, h, new_sums[li], count, restarts)
-                if counted is not None:
-                    new_count = int(counted)
+                context, new_sums[li] = self._context(layer, h, new_sums[li], count, restarts)
             route = self._route(layer, h, context)
             if new_held is not None and route is not None:
                 route, new_held[li] = self._hold(route, starts, new_held[li])
@@ -787,7 +787,8 @@ class FastDecoder:
                 cache_k[li][i, :, :k_.shape[1]] = k_
                 cache_v[li][i, :, :v_.shape[1]] = v_
         del own
-        # context gates: per layer [B, hidden], the running sums of each row (its token count is lengths + p)
+        # context gates: per layer [B, hidden], the running sums of each row, and how many tokens they cover
+        # (lengths + p, or for request gates the tokens since the row's last request)
         ctx_sums = [torch.stack([r[li] for r in row_sums]) for li in range(len(w.layers))] if row_sums else None
         ctx_counts = torch.tensor(row_counts, dtype=torch.float32, device=dev) if row_sums else None
         # segment routing: per layer [B, K], each row's open message's gating weights (None for an unrouted layer)
@@ -838,7 +839,7 @@ class FastDecoder:
             for li, layer in enumerate(w.layers):
                 context = None
                 if ctx_sums is not None:
-                    context, ctx_sums[li], _ = self._context(layer, h[:, None], ctx_sums[li], ctx_counts)
+                    context, ctx_sums[li] = self._context(layer, h[:, None], ctx_sums[li], ctx_counts)
                     context = context[:, 0]
                 route = self._route(layer, h, context)
                 if seg_held is not None and route is not None:  # a fed message start opens a new choice
