@@ -132,6 +132,28 @@ def test_an_hf_agent_plays_the_same_episodes_with_either_path(nano):
     assert HFAgent(nano).decode == "fast"  # auto: the tiny presets on CPU take the fast path
 
 
+def _first_decoded_context(decoder, prompts, eos):
+    """The (centred context, token count) that the first routed layer's gates read at the first decoding step of
+    ``decoder.generate(prompts, 2, eos)``: ``[rows, 1, hidden]`` and ``[rows]``."""
+    import torch
+
+    seen = []
+    original = type(decoder)._context
+
+    def recording(layer, h, sums, counts, restarts=None):
+        out = original(layer, h, sums, counts, restarts)
+        if out[0] is not None and torch.is_tensor(counts) and not seen:  # a decoding step: one count per row
+            seen.append((out[0].clone(), counts.clone()))
+        return out
+
+    decoder._context = recording
+    try:
+        decoder.generate(prompts, 2, eos)
+    finally:
+        del decoder._context
+    return seen[0]
+
+
 def _lora(model, seed=0):
     """``model`` with a LoRA on every attention and MLP projection, its B matrices random (a trained-like adapter)."""
     import torch
@@ -223,11 +245,13 @@ def test_a_composed_model_decodes_like_its_generate(tiny, tmp_path, top_k, gate_
         assert not decoder.store.entries  # no keys/values kept between turns: their sums/holds are not stored
         want = [_generate_reference(composed, p, eos, 16) for p in nxt]
         assert _same_but_ties(composed, nxt, got, want) >= 6
-        if gate_input == "request" and routing == "token":  # the restarts are what make it so: without them the
-            # first tokens score otherwise (a segment-routed message holds one choice, which they may not flip)
+        if gate_input == "request":  # the restarts are what make it so: the first generated token's gates read
+            # the mean since the row's last request; without restarts, the mean over the whole conversation
+            restarted = _first_decoded_context(decoder, nxt, eos)
             decoder.request_marker = None
-            unrestarted = decoder.generate(nxt, 16, eos)
-            assert max(abs(a.logprobs[0] - b.logprobs[0]) for a, b in zip(second, unrestarted)) > 1e-3
+            unrestarted = _first_decoded_context(decoder, nxt, eos)
+            assert (restarted[1] < unrestarted[1] - 20).all()  # tokens averaged: the last request's vs all
+            assert float((restarted[0] - unrestarted[0]).abs().max()) > 0.1
     with composed.force_routing(1):  # forced (per-episode) routing keeps generate()
         assert not auto_applies(composed)
 
