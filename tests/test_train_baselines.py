@@ -367,3 +367,95 @@ def test_bootstrap_mix_flag_is_checked(capsys):
     assert main(["model", "bootstrap", "--target", ENVS[0], "--mix", "no-share"]) == 2
     assert "ENV=SHARE" in capsys.readouterr().err
     assert main(["model", "bootstrap", "--target", ENVS[0], "--mix", "trace/nope-v0=0.1"]) == 2
+
+
+def _random_lora(base: str, folder, seed: int, r: int = 4) -> str:
+    """A LoRA on q/k/v/o over ``base`` with random B matrices (a trained-like adapter), saved in ``folder``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), LoraConfig(
+        r=r, lora_alpha=2 * r, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_a_lora_trained_over_the_merged_warm_up_folds_onto_the_base(nano, tmp_path):
+    """``sft_warmup_lora: fresh`` trains a LoRA over the warm-up merged into the weights; folded with the warm-up's
+    (ranks concatenated), one LoRA on the base gives the same logits as the merged model with the new LoRA, and
+    differs from either LoRA alone."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.train.fold import fold_onto_base, merged_warmup
+
+    warm = _random_lora(nano, tmp_path / "warm", seed=1)
+    merged_dir = tmp_path / "merged"
+    merged_warmup(AutoModelForCausalLM.from_pretrained(nano, dtype=torch.float32), warm).save_pretrained(merged_dir)
+    delta = _random_lora(str(merged_dir), tmp_path / "delta", seed=2, r=2)
+    folded = fold_onto_base(nano, warm, delta, tmp_path / "folded")
+    assert json.loads((folded / "adapter_config.json").read_text())["r"] == 4 + 2
+
+    ids = torch.arange(10, 60).unsqueeze(0)
+
+    def logits(model_dir, adapter):
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        with torch.no_grad():
+            return PeftModel.from_pretrained(model, str(adapter)).eval()(input_ids=ids).logits
+
+    want = logits(merged_dir, delta)
+    got = logits(nano, folded)
+    assert (got - want).abs().max().item() < 1e-4
+    assert (got - logits(nano, warm)).abs().max().item() > 1e-3  # the delta is in it
+    with pytest.raises(ValueError, match="other modules"):
+        fold_onto_base(nano, warm, _random_lora_on(nano, tmp_path / "mlp"), tmp_path / "bad")
+
+
+def _random_lora_on(base: str, folder) -> str:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(
+        r=2, target_modules=["up_proj"], task_type="CAUSAL_LM"))
+    model.save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_grpo_over_a_merged_warm_up_saves_adapters_on_the_base(nano, tmp_path):
+    """``sft_warmup_lora: fresh`` end to end: the final ``adapter/`` is the folded LoRA (the warm-up's rank plus
+    GRPO's), its delta in ``adapter_over_warmup/``; each checkpoint keeps its delta (what a resumed run loads) and
+    gets ``on_base/``, which checkpoint selection reads; a checkpoint a killed run left unfolded is folded on
+    resume."""
+    import shutil
+
+    from trace_train.train.grpo import TrainConfig, train
+    from trace_train.train.select import checkpoints
+
+    cfg = dict(env_ids=ENVS[:1], env_kwargs={"difficulty": 1}, model=nano, output_dir=str(tmp_path / "fresh"),
+               sft_warmup_steps=4, sft_warmup_lora="fresh", sft_episodes=2, sft_batch_size=2, sft_lr=1e-2,
+               lora_r=4, lora_alpha=8, max_steps=2, save_steps=1, group_size=2, groups_per_step=1,
+               learning_rate=1e-3, calibration_groups=0, num_seeds=2, max_turn_tokens=16,
+               max_tool_calling_iterations=2, progress=False, plot=False)
+    result = train(TrainConfig(**cfg))
+    run = tmp_path / "fresh"
+    assert json.loads((result.adapter_dir / "adapter_config.json").read_text())["r"] == 4 + 4
+    assert json.loads((run / "adapter_over_warmup" / "adapter_config.json").read_text())["r"] == 4
+    meta = json.loads((result.adapter_dir / "trace_adapter.json").read_text())
+    assert meta["sft_warmup_lora"] == "fresh" and meta["sft_warmup_steps"] == 4
+    found = checkpoints(run / "checkpoints")
+    assert [s for s, _ in found] == [1, 2] and all(p.name == "on_base" for _, p in found)
+    assert _changes_outputs(nano, str(found[0][1])) > 1e-4  # the warm-up is in every folded checkpoint
+
+    shutil.rmtree(run / "checkpoints" / "checkpoint-2" / "on_base")  # killed between the save and the fold
+    train(TrainConfig(**{**cfg, "max_steps": 3, "resume": True}))
+    found = checkpoints(run / "checkpoints")
+    assert [s for s, _ in found] == [1, 2, 3] and all(p.name == "on_base" for _, p in found)
+    with pytest.raises(Exception, match="sft_warmup_lora"):
+        TrainConfig(**{**cfg, "sft_warmup_lora": "merge"})

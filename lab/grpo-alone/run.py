@@ -58,7 +58,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-seeds", default="0:100", help="held-out env seeds of the curve, start:stop")
     p.add_argument("--select-seeds", default="100:150", help="validation seeds of the checkpoint selection")
     p.add_argument("--workers", type=int, default=1, help="checkpoints played at once")
-    return p.parse_args(argv)
+    p.add_argument("--start-adapter", default=None, help="a LoRA folder to merge into the base as the start instead "
+                   "of this script's warm-up (e.g. a recipe run's `train/<capability>/run/sft_warmup/adapter`)")
+    p.add_argument("--lead-in-prob", type=float, default=0.0, help="share of GRPO's and the curve's episodes that "
+                   "open with a flight-status question, as the recipe's env does (0.5 there)")
+    p.add_argument("--continue-warmup", type=int, default=0, metavar="STEPS", help="as the recipe does: GRPO "
+                   "trains the LoRA of the library's own SFT warm-up of STEPS steps (TrainConfig.sft_warmup_steps, "
+                   "its episodes decision-blind through sft_warmup_env_kwargs) over the planted base, instead of a "
+                   "fresh LoRA over a merged start; the curve's step 0 is then the base")
+    args = p.parse_args(argv)
+    if sum(map(bool, (args.start, args.start_adapter, args.continue_warmup))) > 1:
+        p.error("--start, --start-adapter and --continue-warmup are three starts: give one")
+    return args
+
+
+def env_kwargs(lead_in_prob: float) -> dict:
+    """The GRPO env's kwargs: ``ENV_KWARGS``, with the recipe's lead-in questions in a share of the episodes."""
+    if not lead_in_prob:
+        return ENV_KWARGS
+    return {**ENV_KWARGS, "lead_in": ["flight_status"], "lead_in_prob": lead_in_prob}
 
 
 def warmup_and_start(out: Path, steps: int) -> Path:
@@ -73,12 +91,19 @@ def warmup_and_start(out: Path, steps: int) -> Path:
                       registry=[str(REGISTRY)], sft=True, sft_steps=steps, sft_episodes=1000, device="cpu",
                       threads=1, seed=0)
     result = train(cfg)
+    return merge_start(Path(result.adapter_dir), start)
+
+
+def merge_start(adapter_dir: Path, start: Path) -> Path:
+    """Stage 2: the LoRA at ``adapter_dir`` merged into the base, saved as the model folder ``start``."""
+    if (start / "config.json").exists():
+        return start
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, str(result.adapter_dir)).merge_and_unload()
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     merged.save_pretrained(str(start))
     AutoTokenizer.from_pretrained(str(BASE)).save_pretrained(str(start))
     # The base's metadata (its prompt size and chat format), which the trainer reads off the model folder: without
@@ -95,7 +120,10 @@ def run_grpo(out: Path, start: Path, args: argparse.Namespace) -> Path:
     run = out / "grpo"
     if (run / "train_result.json").exists():
         return run
-    cfg = TrainConfig(env_ids=[ENV], model=str(start), output_dir=str(run), env_kwargs=ENV_KWARGS,
+    warm = {"sft_warmup_steps": args.continue_warmup, "sft_episodes": 1000,
+            "sft_warmup_env_kwargs": {"size": {"blind_cabin_prob": 0.5}}} if args.continue_warmup else {}
+    cfg = TrainConfig(env_ids=[ENV], model=str(start), output_dir=str(run), env_kwargs=env_kwargs(args.lead_in_prob),
+                      **warm,
                       registry=[str(REGISTRY)], group_size=args.group_size, groups_per_step=args.groups_per_step,
                       learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps,
                       save_steps=args.save_steps, max_tool_calling_iterations=30, max_turn_tokens=160,
@@ -139,12 +167,12 @@ def decision_row(episodes: list[dict]) -> dict:
             **{f"share_{k}": shares[k] / n if n else float("nan") for k in keys}}
 
 
-def curve(out: Path, start: Path, run: Path, seeds: range, workers: int) -> list[dict]:
+def curve(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs: dict) -> list[dict]:
     """Stage 4: play the start and the checkpoints on held-out seeds; the rows of the curve."""
     from trace_train.rollouts import read_trajectories
     from trace_train.train.select import select_checkpoint, step_episodes
 
-    sel = select_checkpoint(str(start), run, [ENV], list(seeds), out / "curve", env_kwargs=lambda e: ENV_KWARGS,
+    sel = select_checkpoint(str(start), run, [ENV], list(seeds), out / "curve", env_kwargs=lambda e: kwargs,
                             workers=workers, registries=[str(REGISTRY)], max_new_tokens=160,
                             final_adapter=run / "adapter", progress=True)
     rows = []
@@ -154,12 +182,12 @@ def curve(out: Path, start: Path, run: Path, seeds: range, workers: int) -> list
     return rows
 
 
-def select(out: Path, start: Path, run: Path, seeds: range, workers: int) -> int:
+def select(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs: dict) -> int:
     """The checkpoint the library's selection keeps (``trace_train.train.select``, what the recipe does): the best
     greedy success on validation seeds, which neither training nor the held-out curve uses."""
     from trace_train.train.select import select_checkpoint
 
-    return select_checkpoint(str(start), run, [ENV], list(seeds), out / "select", env_kwargs=lambda e: ENV_KWARGS,
+    return select_checkpoint(str(start), run, [ENV], list(seeds), out / "select", env_kwargs=lambda e: kwargs,
                              workers=workers, registries=[str(REGISTRY)], max_new_tokens=160,
                              final_adapter=run / "adapter").step
 
@@ -209,12 +237,16 @@ def report(rows: list[dict], diffs: dict[str, tuple[int, dict]], args: argparse.
                     f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]**\n" for what, (step, d) in diffs.items())
     arm = "shuffled rewards (negative control)" if args.shuffle_rewards else "rewards as the env pays them"
     start_text = f"`{args.start}`" if args.start else \
+        f"the planted base; GRPO trains the LoRA of {args.continue_warmup} decision-blind SFT warm-up steps (step 0 " \
+        f"is the base)" if args.continue_warmup else \
+        f"the planted base + `{args.start_adapter}`, merged" if args.start_adapter else \
         f"the planted base + {args.warmup_steps} SFT steps on `{BLIND_ENV}`, merged"
+    lead_in = f" Lead-in flight-status questions in {args.lead_in_prob:g} of the episodes." if args.lead_in_prob else ""
     return (f"# GRPO alone on `{ENV}` ({arm})\n\n"
             f"Start: {start_text}. "
             f"GRPO: {args.steps} steps × {args.groups_per_step} groups × {args.group_size} episodes at temperature "
             f"{args.temperature:g}, lr {args.lr:g} constant, LoRA r16, seed {args.seed}. Greedy on held-out seeds "
-            f"{args.eval_seeds}.\n\n"
+            f"{args.eval_seeds}.{lead_in}\n\n"
             f"Validation seeds (checkpoint selection) {args.select_seeds}.\n\n{lines}\n"
             + head + body + "\n![curve](curve.png)\n")
 
@@ -226,12 +258,20 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = Path(args.start) if args.start else warmup_and_start(out, args.warmup_steps)
+    if args.start:
+        start = Path(args.start)
+    elif args.continue_warmup:
+        start = BASE
+    elif args.start_adapter:
+        start = merge_start(Path(args.start_adapter), out / "start")
+    else:
+        start = warmup_and_start(out, args.warmup_steps)
     run = run_grpo(out, start, args)
+    kwargs = env_kwargs(args.lead_in_prob)
     a, b = (int(x) for x in args.eval_seeds.split(":"))
-    rows = curve(out, start, run, range(a, b), args.workers)
+    rows = curve(out, start, run, range(a, b), args.workers, kwargs)
     a, b = (int(x) for x in args.select_seeds.split(":"))
-    chosen = select(out, start, run, range(a, b), args.workers)
+    chosen = select(out, start, run, range(a, b), args.workers, kwargs)
     diffs = {"the checkpoint selection keeps": (chosen, paired(out, chosen)),
              "the last checkpoint": (rows[-1]["step"], paired(out, rows[-1]["step"]))}
     (out / "curve.json").write_text(json.dumps({"rows": rows, "selected": chosen,

@@ -61,9 +61,14 @@ def folder_digest(path: str | Path, names: Iterable[str] | None = None) -> str:
 
 def default_adapter_name(path: Path) -> str:
     """The expert's name from its folder: ``train/<capability>/adapter`` names ``<capability>``."""
-    name = path.resolve().name
+    from trace_train.train.fold import ON_BASE
+
+    path = path.resolve()
+    if path.name == ON_BASE:  # a checkpoint folded onto the base (trace_train/train/fold.py): the checkpoint's name
+        path = path.parent
+    name = path.name
     if name in _GENERIC_NAMES or name.startswith("checkpoint-"):
-        name = path.resolve().parent.name
+        name = path.parent.name
     return name
 
 

@@ -141,6 +141,13 @@ class TrainConfig:
                                         "only (a size mapping merged key by key): e.g. {size: {blind_cabin_prob: "
                                         "0.5}} for a decision-blind warm-up that teaches the flow and leaves the "
                                         "decision to GRPO (docs/train.md)", default_factory=dict)
+    sft_warmup_lora: str = _help("what GRPO trains after the warm-up: 'continue' (the warm-up's own LoRA) or "
+                                 "'fresh' (a new LoRA over the warm-up merged into the weights; every adapter it "
+                                 "saves is folded with the warm-up's into one LoRA on the base, of rank the two "
+                                 "ranks summed). From the planted recipe's decision-blind warm-up, GRPO continuing "
+                                 "its LoRA lost the decision (held-out 0.27 -> 0.33, going ahead on 46 of 58 "
+                                 "must-refuse requests) while a fresh LoRA learnt it (0.23 -> 0.93; "
+                                 "lab/grpo-alone)", default="continue")
     sft_turn_head_weight: float = _help("SFT (--sft and the warm-up): the first 8 tokens of every assistant turn "
                                         "count this many times in the loss, where a turn's decision sits (message "
                                         "or call, which tool, go ahead or refuse) among tokens copied from the "
@@ -243,6 +250,9 @@ class TrainConfig:
                 not isinstance(self.sft_warmup_env_kwargs.get("size", {}), dict):
             self._fail("sft_warmup_env_kwargs", "give a mapping (its size a mapping too), e.g. "
                                                 "{size: {blind_cabin_prob: 0.5}}")
+        if self.sft_warmup_lora not in ("continue", "fresh"):
+            self._fail("sft_warmup_lora", "give 'continue' (GRPO trains the warm-up's LoRA) or 'fresh' (a new LoRA "
+                                          "over the merged warm-up)")
         if self.sft_warmup_env_kwargs and not self.sft_warmup_steps:
             self._fail("sft_warmup_env_kwargs", "they are the warm-up's: set sft_warmup_steps too, or leave them out")
         for name in ("trl_args",):

@@ -6,7 +6,9 @@ mixture, the "multi-capability GRPO" baseline) and writes, under ``output_dir``:
 * ``adapter/``: the LoRA in PEFT's standard format (``PeftModel.from_pretrained(base, dir)``, vLLM's
   ``--lora-modules name=dir``), with ``trace_adapter.json`` naming the base, the envs and their kwargs;
 * ``checkpoints/checkpoint-N/``: TRL/transformers checkpoints (adapter, optimizer, scheduler, RNG states,
-  step count); ``resume: true`` continues from the latest one;
+  step count); ``resume: true`` continues from the latest one. With an SFT warm-up and ``sft_warmup_lora:
+  fresh`` the trained LoRA is a delta over the merged warm-up: ``adapter/`` and each checkpoint's ``on_base/``
+  are it folded with the warm-up's onto the base, the delta in ``adapter_over_warmup/`` (:mod:`.fold`);
 * ``train_log.csv``: one row per step: reward mean/std, the share of groups whose rewards were all equal
   (TRL's ``frac_reward_zero_std``) before and after dynamic sampling, KL, completion length, episodes,
   and seconds per phase (generation, env/tool calls, forward/backward, optimizer);
@@ -57,6 +59,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -677,12 +680,23 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     log_csv = out / "train_log.csv"
     logger_cb = StepLogger(log_csv, rollouts, default_episodes=cfg.batch_rollouts, start_step=start_step)
     peft_config = cfg.lora_config()
-    if cfg.sft_warmup_steps:
+    warm_adapter = sft_warmup(cfg, env_kwargs, device) if cfg.sft_warmup_steps else None
+    fresh_over_warmup = warm_adapter is not None and cfg.sft_warmup_lora == "fresh"
+    callbacks = list(callbacks)
+    if fresh_over_warmup:
+        from .fold import fold_callback, fold_missing, merged_warmup
+
+        # A new LoRA over the merged warm-up (peft_config stays); each checkpoint is folded onto the base after
+        # its save, and any a killed run left unfolded now (trace_train/train/fold.py).
+        model = merged_warmup(model, warm_adapter)
+        fold_missing(cfg.checkpoint_dir, cfg.model, warm_adapter)
+        callbacks.append(fold_callback(cfg.model, warm_adapter))
+    elif warm_adapter is not None:
         from peft import PeftModel
 
         # GRPO trains the warm-up's LoRA on (a resumed run's checkpoint then overwrites these weights). With
         # beta > 0 TRL keeps a frozen copy of it as the reference: the KL term holds GRPO near the SFT policy.
-        model = PeftModel.from_pretrained(model, str(sft_warmup(cfg, env_kwargs, device)), is_trainable=True)
+        model = PeftModel.from_pretrained(model, str(warm_adapter), is_trainable=True)
         peft_config = None
     trainer = TraceGRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=dataset,
                           peft_config=peft_config, callbacks=[logger_cb, *callbacks], **extra)
@@ -704,10 +718,19 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
 
     cfg.adapter_dir.mkdir(parents=True, exist_ok=True)
     trainer.save_model(str(cfg.adapter_dir))
+    if fresh_over_warmup:  # adapter/ is the folded LoRA on the base; its delta over the merged warm-up beside it
+        from .fold import OVER_WARMUP, fold_onto_base
+
+        delta = out / OVER_WARMUP
+        if delta.exists():
+            shutil.rmtree(delta)
+        cfg.adapter_dir.rename(delta)
+        fold_onto_base(cfg.model, warm_adapter, delta, cfg.adapter_dir)
     tokenizer.save_pretrained(str(cfg.adapter_dir))
     (cfg.adapter_dir / "trace_adapter.json").write_text(json.dumps(
         {"base_model": str(cfg.model), "method": "grpo", "env_ids": cfg.env_ids, "env_kwargs": env_kwargs,
          "steps": trainer.state.global_step, "sft_warmup_steps": cfg.sft_warmup_steps,
+         "sft_warmup_lora": cfg.sft_warmup_lora if cfg.sft_warmup_steps else None,
          "grpo_replay": ({"weight": cfg.grpo_replay_weight, **trainer.trace_replay[1].summary}
                          if trainer.trace_replay else None)}, indent=2))
     curve = plot_reward_curve(log_csv, out / "reward_curve.png",

@@ -29,8 +29,11 @@ CURVE_FIELDS = ("step", "success", "lo", "hi", "reward", "episodes")
 
 
 def checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of each ``checkpoint-N`` under ``folder`` (a GRPO run's ``checkpoints/``), by step."""
-    found = [(int(m.group(1)), p) for p in Path(folder).glob("checkpoint-*")
+    """(step, adapter folder) of each ``checkpoint-N`` under ``folder`` (a GRPO run's ``checkpoints/``), by step:
+    the checkpoint itself, or its ``on_base/`` when GRPO trained a LoRA over a merged warm-up (train/fold.py)."""
+    from .fold import usable_adapter
+
+    found = [(int(m.group(1)), usable_adapter(p)) for p in Path(folder).glob("checkpoint-*")
              if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
     return sorted(found)
 

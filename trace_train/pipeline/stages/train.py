@@ -54,8 +54,8 @@ def _train_job(ctx, name: str, env_ids: list[str], steps: int, sft: bool = False
         # "rollout" among its inputs: they reach it through the diagnosis, whose outputs change with them.)
         kwargs["sft_replay"] = str(ctx.path("rollouts", "trajectories.jsonl"))
     if sft:  # train.options.sft_warmup_steps warms up the GRPO runs; the SFT baseline is all SFT already
-        kwargs.pop("sft_warmup_steps", None)
-        kwargs.pop("sft_warmup_env_kwargs", None)
+        for key in ("sft_warmup_steps", "sft_warmup_env_kwargs", "sft_warmup_lora"):
+            kwargs.pop(key, None)
     try:
         cfg = TrainConfig(**kwargs)
     except TypeError as exc:
