@@ -59,6 +59,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -689,7 +690,8 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
         # A new LoRA over the merged warm-up (peft_config stays); each checkpoint is folded onto the base after
         # its save, and any a killed run left unfolded now (trace_train/train/fold.py).
         model = merged_warmup(model, warm_adapter)
-        fold_missing(cfg.checkpoint_dir, cfg.model, warm_adapter)
+        if int(os.environ.get("RANK", "0")) == 0:  # one process folds (accelerate launches several)
+            fold_missing(cfg.checkpoint_dir, cfg.model, warm_adapter)
         callbacks.append(fold_callback(cfg.model, warm_adapter))
     elif warm_adapter is not None:
         from peft import PeftModel
@@ -721,11 +723,13 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
     if fresh_over_warmup:  # adapter/ is the folded LoRA on the base; its delta over the merged warm-up beside it
         from .fold import OVER_WARMUP, fold_onto_base
 
-        delta = out / OVER_WARMUP
-        if delta.exists():
-            shutil.rmtree(delta)
-        cfg.adapter_dir.rename(delta)
-        fold_onto_base(cfg.model, warm_adapter, delta, cfg.adapter_dir)
+        if trainer.accelerator.is_main_process:
+            delta = out / OVER_WARMUP
+            if delta.exists():
+                shutil.rmtree(delta)
+            cfg.adapter_dir.rename(delta)
+            fold_onto_base(cfg.model, warm_adapter, delta, cfg.adapter_dir)
+        trainer.accelerator.wait_for_everyone()
     tokenizer.save_pretrained(str(cfg.adapter_dir))
     (cfg.adapter_dir / "trace_adapter.json").write_text(json.dumps(
         {"base_model": str(cfg.model), "method": "grpo", "env_ids": cfg.env_ids, "env_kwargs": env_kwargs,
