@@ -151,6 +151,13 @@ def test_l1_prefers_sft_on_the_capabilitys_own_env(run_dir):
     (run_dir / "config.yaml").write_text("train:\n  options:\n    sft_warmup_env_kwargs: {size: {blind_cabin_prob: 0.5}}\n")
     l1 = {r["capability"]: r for r in compute_links(run_dir, n_boot=500, seed=0)["L1"]["rows"]}
     assert l1["cap_b"]["sft"] == "sft" and l1["cap_b"]["delta"]["value"] == pytest.approx(0.0)
+    # ... unless the trainer found that those kwargs changed none of this env's episodes (its own, then)
+    done = run_dir / "train" / "cap_b" / "run" / "sft_warmup" / "done.json"
+    done.parent.mkdir(parents=True)
+    for changed, reads in (([0, 16], "sft:cap_b"), ([7, 16], "sft")):
+        done.write_text(json.dumps({"overlay_changed": {"gen/cap_b-v0": changed}}))
+        l1 = {r["capability"]: r for r in compute_links(run_dir, n_boot=500, seed=0)["L1"]["rows"]}
+        assert l1["cap_b"]["sft"] == reads
 
 
 def test_grpo_is_split_from_the_sft_warm_up_it_started_from(run_dir):

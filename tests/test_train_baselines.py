@@ -459,3 +459,18 @@ def test_grpo_over_a_merged_warm_up_saves_adapters_on_the_base(nano, tmp_path):
     assert [s for s, _ in found] == [1, 2, 3] and all(p.name == "on_base" for _, p in found)
     with pytest.raises(Exception, match="sft_warmup_lora"):
         TrainConfig(**{**cfg, "sft_warmup_lora": "merge"})
+
+
+def test_the_warm_up_says_which_envs_its_kwargs_changed():
+    """``overlay_changed``: on fixed seeds, the oracle episodes with the warm-up's kwargs laid on against the env's
+    own. A decision-blind overlay changes cancellations and leaves flight-status requests as they were (the report's
+    L1 then reads such an env's warm-up as SFT on its own episodes)."""
+    from trace_train.train.grpo import OVERLAY_CHECK_SEEDS, overlay_changed
+
+    size = {"read_back": True, "cancel_grounds": ["business"], "refusal_prob": 0.5, "ask_details_prob": 1.0}
+    own = {"trace/tau_airline-v0": {"scenarios": ["cancel"], "size": size}}
+    changed = overlay_changed(own, {"size": {"blind_cabin_prob": 0.5}})["trace/tau_airline-v0"]
+    assert changed[1] == len(OVERLAY_CHECK_SEEDS) and changed[0] > 0
+    own = {"trace/tau_airline-v0": {"scenarios": ["flight_status"], "size": size}}
+    assert overlay_changed(own, {"size": {"blind_cabin_prob": 0.5}}) == {
+        "trace/tau_airline-v0": [0, len(OVERLAY_CHECK_SEEDS)]}

@@ -138,6 +138,17 @@ def _warmup_env_kwargs(run: Path) -> dict:
     return dict(((cfg.get("train") or {}).get("options") or {}).get("sft_warmup_env_kwargs") or {})
 
 
+def _warmup_is_own_episodes(run: Path, cap: str) -> bool:
+    """Whether ``cap``'s SFT warm-up was fitted on its env's own oracle episodes: no warm-up kwargs in the run, or
+    kwargs that changed none of the episodes the trainer compared (``overlay_changed`` in the warm-up's
+    ``done.json``; e.g. ``size.blind_cabin_prob`` on an env that draws no cancellation). Unknown: not its own."""
+    if not _warmup_env_kwargs(run):
+        return True
+    done = _load(run / "train" / cap / "run" / "sft_warmup" / "done.json") or {}
+    changed = done.get("overlay_changed")
+    return isinstance(changed, dict) and bool(changed) and all(int(c[0]) == 0 for c in changed.values())
+
+
 def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dict:
     """The four links of a run directory: per link its rows (one per capability or family), its verdict
     (``held``, ``failed``, ``not measured``) and a sentence saying so."""
@@ -163,12 +174,11 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     # L1: SFT vs base on each capability's families: SFT on that capability's env alone where the run has it (the
     # SFT warm-up of its GRPO run, evaluated as `sft:<capability>`), else the SFT baseline (every env at once). A
     # warm-up on episodes of its own (train.options.sft_warmup_env_kwargs, e.g. decision-blind ones) is no
-    # transfer ceiling: L1 then reads the SFT baseline.
+    # transfer ceiling: L1 then reads the SFT baseline, unless those kwargs left that env's episodes as they were.
     sft = records_of("sft")
-    own_episodes = not _warmup_env_kwargs(run)
     rows, parts = [], []
     for cap, fams in families.items():
-        own = records_of(f"sft:{cap}") if own_episodes else []
+        own = records_of(f"sft:{cap}") if _warmup_is_own_episodes(run, cap) else []
         d = _delta(_select(base, set(fams), True), _select(own or sft, set(fams), True), n_boot, seed)
         rows.append({"capability": cap, "families": fams, "delta": d, "held": _above(d),
                      "sft": f"sft:{cap}" if own else "sft"})

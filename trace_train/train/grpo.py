@@ -780,6 +780,7 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
     adapter = cfg.warmup_dir / "adapter"
     done = cfg.warmup_dir / "done.json"
     over = cfg.sft_warmup_env_kwargs
+    own_kwargs = env_kwargs
     if over:  # the warm-up's own episodes (e.g. decision-blind ones); GRPO keeps env_kwargs
         env_kwargs = {e: overlay_kwargs(k, over) for e, k in env_kwargs.items()}
     # What the warm-up's weights depend on: a finished warm-up with other settings is fitted again.
@@ -794,15 +795,50 @@ def sft_warmup(cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> Pa
                                   "sha256": hashlib.sha256(Path(cfg.sft_replay).read_bytes()).hexdigest()[:16]}
     settings = json.loads(json.dumps(settings, default=str))
     if done.exists() and json.loads(done.read_text()).get("settings") == settings:
+        record = json.loads(done.read_text())
+        if over and "overlay_changed" not in record:  # a warm-up fitted before the check existed
+            record["overlay_changed"] = overlay_changed(own_kwargs, over)
+            done.write_text(json.dumps(record, indent=2))
         return adapter
     t0 = time.perf_counter()
     result = fit_sft_lora(cfg, env_kwargs, device, adapter, cfg.sft_warmup_steps, mixture_over=over)
     done.write_text(json.dumps({"steps": cfg.sft_warmup_steps, "episodes": result.examples,
                                 "final_loss": result.losses[-1], "seconds": round(time.perf_counter() - t0, 1),
-                                "settings": settings}, indent=2))
+                                "settings": settings,
+                                **({"overlay_changed": overlay_changed(own_kwargs, over)} if over else {})},
+                               indent=2))
     logger.info("SFT warm-up: %d steps on %d oracle episodes, final loss %.3f", cfg.sft_warmup_steps,
                 result.examples, result.losses[-1])
     return adapter
+
+
+#: Seeds on which :func:`overlay_changed` compares an env's oracle episodes with and without the warm-up's kwargs.
+OVERLAY_CHECK_SEEDS = range(16)
+
+
+def overlay_changed(own_kwargs: dict[str, dict], over: dict) -> dict[str, list[int]]:
+    """For each env, ``[changed, checked]``: on how many of :data:`OVERLAY_CHECK_SEEDS` the oracle episode with the
+    warm-up's kwargs (``over`` laid on the env's ``own_kwargs``) differs from the env's own. ``over`` may not
+    touch an env at all (``size.blind_cabin_prob`` on an env that draws no cancellation): that env's warm-up is
+    then SFT on its own episodes, which the report's L1 reads as a transfer ceiling (trace_train/report/links.py)."""
+    import gymnasium as gym
+
+    import trace_envs
+    from trace_envs import OracleAgent
+
+    out = {}
+    for env_id, kwargs in own_kwargs.items():
+        changed = 0
+        envs = gym.make(env_id, **kwargs), gym.make(env_id, **overlay_kwargs(kwargs, over))
+        try:
+            for seed in OVERLAY_CHECK_SEEDS:
+                own, warm = (trace_envs.rollout(e, OracleAgent(), seed=seed)["messages"] for e in envs)
+                changed += int(own != warm)
+        finally:
+            for e in envs:
+                e.close()
+        out[env_id] = [changed, len(OVERLAY_CHECK_SEEDS)]
+    return out
 
 
 def _check_policy_endpoint(cfg: TrainConfig) -> None:
