@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -66,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "trains the LoRA of the library's own SFT warm-up of STEPS steps (TrainConfig.sft_warmup_steps, "
                    "its episodes decision-blind through sft_warmup_env_kwargs) over the planted base, instead of a "
                    "fresh LoRA over a merged start; the curve's step 0 is then the base")
+    p.add_argument("--env", default=ENV, help="the env GRPO trains on and the curve plays (e.g. a recipe run's "
+                   "generated env, with --registry)")
+    p.add_argument("--registry", default=None, help="a registry file or workspace folder that registers --env")
     args = p.parse_args(argv)
     if sum(map(bool, (args.start, args.start_adapter, args.continue_warmup))) > 1:
         p.error("--start, --start-adapter and --continue-warmup are three starts: give one")
@@ -122,9 +126,8 @@ def run_grpo(out: Path, start: Path, args: argparse.Namespace) -> Path:
         return run
     warm = {"sft_warmup_steps": args.continue_warmup, "sft_episodes": 1000,
             "sft_warmup_env_kwargs": {"size": {"blind_cabin_prob": 0.5}}} if args.continue_warmup else {}
-    cfg = TrainConfig(env_ids=[ENV], model=str(start), output_dir=str(run), env_kwargs=env_kwargs(args.lead_in_prob),
-                      **warm,
-                      registry=[str(REGISTRY)], group_size=args.group_size, groups_per_step=args.groups_per_step,
+    cfg = TrainConfig(env_ids=[args.env], model=str(start), output_dir=str(run),
+                      env_kwargs=env_kwargs(args.lead_in_prob), **warm, registry=registries(args), group_size=args.group_size, groups_per_step=args.groups_per_step,
                       learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps,
                       save_steps=args.save_steps, max_tool_calling_iterations=30, max_turn_tokens=160,
                       temperature=args.temperature, shuffle_rewards=args.shuffle_rewards, device="cpu", threads=1,
@@ -167,13 +170,19 @@ def decision_row(episodes: list[dict]) -> dict:
             **{f"share_{k}": shares[k] / n if n else float("nan") for k in keys}}
 
 
-def curve(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs: dict) -> list[dict]:
+def registries(args: argparse.Namespace) -> list[str]:
+    """The registries GRPO and the curve load: this experiment's, and ``--registry`` when given."""
+    return [str(REGISTRY)] + ([str(args.registry)] if args.registry else [])
+
+
+def curve(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs: dict,
+          env: str = ENV, regs: Sequence[str] = (str(REGISTRY),)) -> list[dict]:
     """Stage 4: play the start and the checkpoints on held-out seeds; the rows of the curve."""
     from trace_train.rollouts import read_trajectories
     from trace_train.train.select import select_checkpoint, step_episodes
 
-    sel = select_checkpoint(str(start), run, [ENV], list(seeds), out / "curve", env_kwargs=lambda e: kwargs,
-                            workers=workers, registries=[str(REGISTRY)], max_new_tokens=160,
+    sel = select_checkpoint(str(start), run, [env], list(seeds), out / "curve", env_kwargs=lambda e: kwargs,
+                            workers=workers, registries=list(regs), max_new_tokens=160,
                             final_adapter=run / "adapter", progress=True)
     rows = []
     for point in sel.rows:
@@ -182,13 +191,14 @@ def curve(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs:
     return rows
 
 
-def select(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs: dict) -> int:
+def select(out: Path, start: Path, run: Path, seeds: range, workers: int, kwargs: dict,
+           env: str = ENV, regs: Sequence[str] = (str(REGISTRY),)) -> int:
     """The checkpoint the library's selection keeps (``trace_train.train.select``, what the recipe does): the best
     greedy success on validation seeds, which neither training nor the held-out curve uses."""
     from trace_train.train.select import select_checkpoint
 
-    return select_checkpoint(str(start), run, [ENV], list(seeds), out / "select", env_kwargs=lambda e: kwargs,
-                             workers=workers, registries=[str(REGISTRY)], max_new_tokens=160,
+    return select_checkpoint(str(start), run, [env], list(seeds), out / "select", env_kwargs=lambda e: kwargs,
+                             workers=workers, registries=list(regs), max_new_tokens=160,
                              final_adapter=run / "adapter").step
 
 
@@ -242,7 +252,7 @@ def report(rows: list[dict], diffs: dict[str, tuple[int, dict]], args: argparse.
         f"the planted base + `{args.start_adapter}`, merged" if args.start_adapter else \
         f"the planted base + {args.warmup_steps} SFT steps on `{BLIND_ENV}`, merged"
     lead_in = f" Lead-in flight-status questions in {args.lead_in_prob:g} of the episodes." if args.lead_in_prob else ""
-    return (f"# GRPO alone on `{ENV}` ({arm})\n\n"
+    return (f"# GRPO alone on `{args.env}` ({arm})\n\n"
             f"Start: {start_text}. "
             f"GRPO: {args.steps} steps × {args.groups_per_step} groups × {args.group_size} episodes at temperature "
             f"{args.temperature:g}, lr {args.lr:g} constant, LoRA r16, seed {args.seed}. Greedy on held-out seeds "
@@ -269,15 +279,15 @@ def main(argv=None) -> int:
     run = run_grpo(out, start, args)
     kwargs = env_kwargs(args.lead_in_prob)
     a, b = (int(x) for x in args.eval_seeds.split(":"))
-    rows = curve(out, start, run, range(a, b), args.workers, kwargs)
+    rows = curve(out, start, run, range(a, b), args.workers, kwargs, args.env, registries(args))
     a, b = (int(x) for x in args.select_seeds.split(":"))
-    chosen = select(out, start, run, range(a, b), args.workers, kwargs)
+    chosen = select(out, start, run, range(a, b), args.workers, kwargs, args.env, registries(args))
     diffs = {"the checkpoint selection keeps": (chosen, paired(out, chosen)),
              "the last checkpoint": (rows[-1]["step"], paired(out, rows[-1]["step"]))}
     (out / "curve.json").write_text(json.dumps({"rows": rows, "selected": chosen,
                                                 "paired": {k: {"step": st, **d} for k, (st, d) in diffs.items()}},
                                                indent=2))
-    plot(rows, out / "curve.png", f"GRPO on {ENV}" + (" (shuffled rewards)" if args.shuffle_rewards else ""))
+    plot(rows, out / "curve.png", f"GRPO on {args.env}" + (" (shuffled rewards)" if args.shuffle_rewards else ""))
     text = report(rows, diffs, args)
     (out / "report.md").write_text(text)
     print(text)
