@@ -144,10 +144,9 @@ class TrainConfig:
     sft_warmup_lora: str = _help("what GRPO trains after the warm-up: 'continue' (the warm-up's own LoRA) or "
                                  "'fresh' (a new LoRA over the warm-up merged into the weights; every adapter it "
                                  "saves is folded with the warm-up's into one LoRA on the base, of rank the two "
-                                 "ranks summed). From the planted recipe's decision-blind warm-up, GRPO continuing "
-                                 "its LoRA lost the decision (held-out 0.27 -> 0.33, going ahead on 46 of 58 "
-                                 "must-refuse requests) while a fresh LoRA learnt it (0.23 -> 0.93; "
-                                 "lab/grpo-alone)", default="continue")
+                                 "ranks summed: what the adapter is when GRPO starts from a merged model, as "
+                                 "lab/grpo-alone's does). On the planted decision both learnt it from the same "
+                                 "warm-up (lab/grpo-alone, \"The recipe's warm-up\")", default="continue")
     sft_turn_head_weight: float = _help("SFT (--sft and the warm-up): the first 8 tokens of every assistant turn "
                                         "count this many times in the loss, where a turn's decision sits (message "
                                         "or call, which tool, go ahead or refuse) among tokens copied from the "
