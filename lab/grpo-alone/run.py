@@ -127,7 +127,8 @@ def run_grpo(out: Path, start: Path, args: argparse.Namespace) -> Path:
     warm = {"sft_warmup_steps": args.continue_warmup, "sft_episodes": 1000,
             "sft_warmup_env_kwargs": {"size": {"blind_cabin_prob": 0.5}}} if args.continue_warmup else {}
     cfg = TrainConfig(env_ids=[args.env], model=str(start), output_dir=str(run),
-                      env_kwargs=env_kwargs(args.lead_in_prob), **warm, registry=registries(args), group_size=args.group_size, groups_per_step=args.groups_per_step,
+                      env_kwargs=env_kwargs(args.lead_in_prob), **warm, registry=registries(args),
+                      group_size=args.group_size, groups_per_step=args.groups_per_step,
                       learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps,
                       save_steps=args.save_steps, max_tool_calling_iterations=30, max_turn_tokens=160,
                       temperature=args.temperature, shuffle_rewards=args.shuffle_rewards, device="cpu", threads=1,

@@ -88,7 +88,8 @@ def fold_missing(checkpoint_dir: str | Path, base_model: str | Path, warmup_adap
                 and not (ckpt / ON_BASE / "adapter_config.json").is_file():
             written.append(fold_onto_base(base_model, warmup_adapter, ckpt, ckpt / ON_BASE))
     if written:
-        logger.info("folded %d checkpoint(s) onto the base: %s", len(written), ", ".join(p.parent.name for p in written))
+        logger.info("folded %d checkpoint(s) onto the base: %s", len(written),
+                    ", ".join(p.parent.name for p in written))
     return written
 
 
