@@ -139,11 +139,9 @@ def _warmup_env_kwargs(run: Path) -> dict:
 
 
 def _warmup_is_own_episodes(run: Path, cap: str) -> bool:
-    """Whether ``cap``'s SFT warm-up was fitted on its env's own oracle episodes: no warm-up kwargs in the run, or
-    kwargs that changed none of the episodes the trainer compared (``overlay_changed`` in the warm-up's
+    """Whether ``cap``'s SFT warm-up, fitted with the run's ``sft_warmup_env_kwargs``, still saw its env's own oracle
+    episodes: those kwargs changed none of the episodes the trainer compared (``overlay_changed`` in the warm-up's
     ``done.json``; e.g. ``size.blind_cabin_prob`` on an env that draws no cancellation). Unknown: not its own."""
-    if not _warmup_env_kwargs(run):
-        return True
     done = _load(run / "train" / cap / "run" / "sft_warmup" / "done.json") or {}
     changed = done.get("overlay_changed")
     return isinstance(changed, dict) and bool(changed) and all(int(c[0]) == 0 for c in changed.values())
@@ -176,9 +174,10 @@ def compute_links(run_dir: str | Path, n_boot: int = 1000, seed: int = 0) -> dic
     # warm-up on episodes of its own (train.options.sft_warmup_env_kwargs, e.g. decision-blind ones) is no
     # transfer ceiling: L1 then reads the SFT baseline, unless those kwargs left that env's episodes as they were.
     sft = records_of("sft")
+    overlaid = bool(_warmup_env_kwargs(run))
     rows, parts = [], []
     for cap, fams in families.items():
-        own = records_of(f"sft:{cap}") if _warmup_is_own_episodes(run, cap) else []
+        own = records_of(f"sft:{cap}") if not overlaid or _warmup_is_own_episodes(run, cap) else []
         d = _delta(_select(base, set(fams), True), _select(own or sft, set(fams), True), n_boot, seed)
         rows.append({"capability": cap, "families": fams, "delta": d, "held": _above(d),
                      "sft": f"sft:{cap}" if own else "sft"})
