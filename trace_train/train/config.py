@@ -144,9 +144,8 @@ class TrainConfig:
     sft_warmup_lora: str = _help("what GRPO trains after the warm-up: 'continue' (the warm-up's own LoRA) or "
                                  "'fresh' (a new LoRA over the warm-up merged into the weights; every adapter it "
                                  "saves is folded with the warm-up's into one LoRA on the base, of rank the two "
-                                 "ranks summed: what the adapter is when GRPO starts from a merged model, as "
-                                 "lab/grpo-alone's does). On the planted decision both learnt it from blind "
-                                 "warm-ups fitted alike (lab/grpo-alone, \"The recipe's warm-up\")", default="continue")
+                                 "ranks summed: what the adapter is when GRPO starts from a merged model). "
+                                 "docs/train.md compares the two on the planted decision", default="continue")
     sft_turn_head_weight: float = _help("SFT (--sft and the warm-up): the first 8 tokens of every assistant turn "
                                         "count this many times in the loss, where a turn's decision sits (message "
                                         "or call, which tool, go ahead or refuse) among tokens copied from the "
