@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -346,6 +347,51 @@ def test_stages_record_inputs_outputs_and_resume(tmp_path, capsys):
     assert "rollout: done already" in out and "diagnose: done in" in out
     state = json.loads((run / "stages.json").read_text())["stages"]
     assert state["diagnose"]["summary"]["retained"] == []
+
+
+def test_a_run_moved_or_resumed_from_another_directory_finds_its_own_files(tmp_path, monkeypatch, capsys):
+    """Summaries name files as the run saw them (``runs/x/...`` from where it started): resumed after a move and
+    from another working directory, the stages are still skipped and the summaries point at the files here, not
+    at the old place (which may hold another run's files)."""
+    from trace_train.pipeline import Pipeline
+    from trace_train.pipeline.runner import rebase_summaries
+
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    text = (f"out: runs/x\nbase: {json.dumps(SCRIPTED)}\nrollout: {{seeds: '1000:1010'}}\n"
+            "train: {model: /nonexistent}\n")
+    cfg = _write(tmp_path, text)
+    assert main(["run", str(cfg), "--until", "diagnose", "--no-progress"]) == 0
+    state = json.loads((tmp_path / "a" / "runs" / "x" / "stages.json").read_text())
+    assert state["run_dir"] == "runs/x" and state["run_dir_abs"] == str(tmp_path / "a" / "runs" / "x")
+    # What a later stage's summary holds: a path inside the run, as a path from the starting directory, and
+    # strings that are not the run's files.
+    state["stages"]["diagnose"]["summary"].update(
+        file="runs/x/rollouts/trajectories.jsonl", env="runs/x-v0", gone="runs/x/never/written")
+    (tmp_path / "a" / "runs" / "x" / "stages.json").write_text(json.dumps(state))
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "runs" / "x").rename(tmp_path / "b" / "moved")
+    monkeypatch.chdir(tmp_path / "b")
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--until", "diagnose", "--no-progress", "--out", "moved"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{s}: done already" in out for s in ("base", "rollout", "diagnose"))
+    state = json.loads((tmp_path / "b" / "moved" / "stages.json").read_text())
+    summary = state["stages"]["diagnose"]["summary"]
+    assert summary["file"] == "moved/rollouts/trajectories.jsonl" and (tmp_path / "b" / summary["file"]).exists()
+    assert summary["env"] == "runs/x-v0" and summary["gone"] == "runs/x/never/written"
+    assert state["run_dir"] == "moved" and state["run_dir_abs"] == str(tmp_path / "b" / "moved")
+
+    # The same run from a third directory, by its absolute path: the relative paths become absolute ones.
+    monkeypatch.chdir(tmp_path)
+    state = Pipeline(dataclasses.replace(load_config(cfg), out=str(tmp_path / "b" / "moved")),
+                     progress=False).load_state()
+    assert state["stages"]["diagnose"]["summary"]["file"] == str(tmp_path / "b" / "moved" / "rollouts" /
+                                                                  "trajectories.jsonl")
+    # Rebasing twice changes nothing.
+    again = rebase_summaries(json.loads(json.dumps(state)), tmp_path / "b" / "moved")
+    assert again == state
 
 
 def test_an_interrupted_rollout_stage_resumes_inside(tmp_path, capsys):

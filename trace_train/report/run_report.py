@@ -72,7 +72,9 @@ def _missing_note(stages: dict, name: str) -> str:
 
 def build_document(run_dir: str | Path) -> Document:
     run = Path(run_dir)
-    state = _load(run / "stages.json") or {"stages": {}}
+    from trace_train.pipeline.runner import rebase_summaries
+
+    state = rebase_summaries(_load(run / "stages.json") or {"stages": {}}, run)
     stages = state.get("stages", {})
     doc = Document(f"TRACE run report — `{run.name}`")
     base = stages.get("base", {}).get("summary") or {}
