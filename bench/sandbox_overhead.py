@@ -18,6 +18,9 @@ this process (only the benchmark does that; a trainer never imports a generated 
   episode always): audit seconds per step, against the same step's play time measured in this run and
   against a GRPO step (``--grpo-step-s``; default 4.69 s, the tiny model's fast step measured by
   ``bench/grpo_speed.py`` in docs/speed.md; goal <= 5%).
+* the env pool (:class:`trace_train.rollouts.EnvPool`, what a GRPO run plays its steps through): the same
+  GRPO-sized steps with the envs made (and their workers started) every step, the anchor, and kept open in one
+  pool from step to step; seconds per step both ways and the ratio.
 
 Wall times depend on machine load (shared 2-core machines are slow); the ratio and the overhead in
 milliseconds are the figures to compare.
@@ -118,6 +121,7 @@ def main() -> None:
             starts.append(time.perf_counter() - t0)
             env.close()
         plain_s, audit_s, auditor = audit_cost(env_id, args)
+        unpooled_s, pooled_s = pool_cost(env_id, args)
     local_step, proxy_step = ls / ln, ps / pn
     print(f"env: {env_id} ({args.episodes} seeds x oracle + random; {ln} steps)")
     print(f"anchor  in-process step: {local_step * 1e3:8.3f} ms   reset: {lr / lrn * 1e3:8.2f} ms")
@@ -134,23 +138,48 @@ def main() -> None:
           f"{per_step * 1e3:.1f} ms (wall difference {wall * 1e3:.1f} ms)")
     print(f"  audit / GRPO step ({args.grpo_step_s:.2f} s): {per_step / args.grpo_step_s:.2%} (goal <= 5%); "
           f"audit / the step's play: {per_step / (plain_s / args.steps):.2f}x")
+    print(f"env pool: {args.steps} steps x {args.step_episodes} episodes, audit off")
+    print(f"  anchor, envs made every step: {unpooled_s / args.steps * 1e3:.1f} ms per step; one pool for all "
+          f"steps: {pooled_s / args.steps * 1e3:.1f} ms per step; ratio pooled / anchor: {pooled_s / unpooled_s:.2f}x")
+
+
+class Mixed:
+    """Half the episodes the oracle's, half a random agent's (by the observation's hash)."""
+
+    name = "mixed"
+
+    def reset(self, env, observation, info):
+        self.inner = OracleAgent() if hash(observation) % 2 else RandomAgent(len(observation))
+        if hasattr(self.inner, "reset"):
+            self.inner.reset(env, observation, info)
+
+    def __call__(self, observation, info):
+        return self.inner(observation, info)
+
+
+def pool_cost(env_id: str, args) -> tuple[float, float]:
+    """(seconds of the steps with the envs made each step, with one EnvPool across them): audit off both times."""
+    from trace_train.rollouts import EnvPool, run_rollouts
+
+    groups = args.step_episodes // 2
+    out = []
+    for pooled in (False, True):
+        pool = EnvPool() if pooled else None
+        t0 = time.perf_counter()
+        for step in range(args.steps):
+            seeds = range(2_000_000 + step * groups, 2_000_000 + (step + 1) * groups)
+            run_rollouts(env_id, Mixed(), seeds=seeds, samples=2, in_flight=args.step_episodes, progress=False,
+                         audit=False, env_pool=pool)
+        if pool is not None:
+            pool.close()
+        out.append(time.perf_counter() - t0)
+    return out[0], out[1]
 
 
 def audit_cost(env_id: str, args) -> tuple[float, float, "Auditor"]:
     """(seconds of the steps without the audit, with it, the auditor): the same steps, audit off then on."""
     from generators.audit import AuditConfig, Auditor
     from trace_train.rollouts import run_rollouts
-
-    class Mixed:
-        name = "mixed"
-
-        def reset(self, env, observation, info):
-            self.inner = OracleAgent() if hash(observation) % 2 else RandomAgent(len(observation))
-            if hasattr(self.inner, "reset"):
-                self.inner.reset(env, observation, info)
-
-        def __call__(self, observation, info):
-            return self.inner(observation, info)
 
     groups = args.step_episodes // 2
     auditor = Auditor(AuditConfig(rate=args.audit_rate, seed=1))

@@ -509,3 +509,30 @@ def test_the_same_attacks_without_the_sandbox_do_reach_the_machine(tmp_path, mon
     obs, _ = env.reset(seed=1)
     env.close()
     assert "root:x:0:0" in obs
+
+
+def test_a_pool_keeps_the_sandbox_workers_from_one_rollout_call_to_the_next(tmp_path):
+    """What a GRPO run does each step: run_rollouts with the run's EnvPool. The second call plays on the workers the
+    first one started (the same processes), and its episodes are the ones fresh envs give."""
+    from trace_train.rollouts import EnvPool, run_rollouts
+
+    env_id = _install(tmp_path, _offline_source())
+    fresh = run_rollouts(env_id, OracleAgent(), seeds=range(4), in_flight=4, progress=False, keep_records=True)
+    with EnvPool() as pool:
+        first = run_rollouts(env_id, OracleAgent(), seeds=range(4), in_flight=4, progress=False, keep_records=True,
+                             env_pool=pool)
+        envs = [e for free in pool._free.values() for e in free]
+        pids = sorted(e.unwrapped._worker.proc.pid for e in envs)
+        assert pool.made == 4 and len(pids) == 4
+        second = run_rollouts(env_id, OracleAgent(), seeds=range(4), in_flight=4, progress=False, keep_records=True,
+                              env_pool=pool)
+        assert pool.made == 4  # nothing new was made ...
+        assert sorted(e.unwrapped._worker.proc.pid for free in pool._free.values() for e in free) == pids  # or started
+        assert all(e.unwrapped._worker.alive() for e in envs)
+    assert all(e.unwrapped._worker is None for e in envs)  # the pool closed them
+
+    def trajectories(summary):
+        return sorted((r["seed"], r["reward"], json.dumps(r["messages"])) for r in summary.records)
+
+    assert trajectories(first) == trajectories(second) == trajectories(fresh)
+    assert all(r["success"] for r in fresh.records)

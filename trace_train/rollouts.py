@@ -12,6 +12,9 @@ rest: each episode ends up in the file exactly once.
 Agents without ``act_batch`` are called one episode at a time; stateful ones (the oracle, planted-deficit
 agents) get one copy per open episode, so their per-episode state never mixes.
 
+:class:`EnvPool` keeps the envs open from one call to the next: a trainer that plays a batch of episodes every
+step would otherwise make (and, for a sandboxed env, start a worker process for) every env again each step.
+
 :func:`export_parquet` turns a trajectory file into a Parquet table (nested fields as JSON strings).
 """
 
@@ -35,6 +38,60 @@ from trace_envs.core import EnvError
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]
+
+
+class EnvPool:
+    """Envs kept open across :func:`run_rollouts` calls, by env id and ``gym.make`` kwargs.
+
+    ``run_rollouts(..., env_pool=pool)`` takes its envs from the pool and gives them back when it ends, instead of
+    making and closing them: a GRPO run plays every step's groups through one pool, so a sandboxed env's worker
+    (a bubblewrap process that imports ``trace_envs`` and the env's module, about half a second each) starts once
+    per open episode slot for the whole run, not once per episode slot per step. An env is reset before each
+    episode and a sandboxed env whose worker died starts a new one at its next ``reset``, so an env that comes
+    back mid-episode (a rollout that raised) is as good as a new one. :meth:`close` closes them all; the pool is a
+    context manager.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[str, str], list[gym.Env]] = {}
+        self._made = 0
+
+    @staticmethod
+    def _key(env_id: str, kwargs: dict) -> tuple[str, str]:
+        return env_id, json.dumps(kwargs, sort_keys=True, default=repr)
+
+    def take(self, env_id: str, kwargs: dict) -> gym.Env:
+        """A free env of ``env_id`` made with ``kwargs``, or a new one."""
+        free = self._free.setdefault(self._key(env_id, kwargs), [])
+        if free:
+            return free.pop()
+        self._made += 1
+        return gym.make(env_id, **kwargs)
+
+    def give(self, env_id: str, kwargs: dict, env: gym.Env) -> None:
+        """Give back an env :meth:`take` returned."""
+        self._free.setdefault(self._key(env_id, kwargs), []).append(env)
+
+    @property
+    def made(self) -> int:
+        """How many envs the pool has made so far."""
+        return self._made
+
+    def close(self) -> None:
+        """Close every env in the pool (a failing close is logged, never raised)."""
+        for envs in self._free.values():
+            for env in envs:
+                try:
+                    env.close()
+                except Exception:  # closing must not hide the real error
+                    logger.exception("closing an env failed")
+        self._free.clear()
+
+    def __enter__(self) -> "EnvPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 @dataclass
@@ -263,7 +320,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                  agent_name: str | None = None, keep_records: bool = False,
                  retry_env_errors: bool = False, keys: Sequence[Key] | None = None,
                  on_record: Callable[[dict], None] | None = None, audit: Any = True,
-                 on_step: Callable[[], None] | None = None) -> RolloutSummary:
+                 on_step: Callable[[], None] | None = None, env_pool: EnvPool | None = None) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:
@@ -294,6 +351,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             False turns it off.
         on_step: called once the envs are made and checked, and after each round of steps of the open episodes
             (a Ray actor's liveness clock).
+        env_pool: take the envs from this :class:`EnvPool` and give them back at the end, open, instead of making
+            and closing them here (a trainer calling this every step).
 
     Before the first episode every env id is made once and its ``preflight()`` called (an SWE env checks
     Docker and builds its base image there): an env that cannot run on this machine raises
@@ -333,7 +392,7 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
         successes = [bool(r.get("success")) for r in prior if not _env_failed(r)]
         records: list[dict] = []
         free_envs: dict[str, list[gym.Env]] = {}
-        all_envs: list[gym.Env] = []
+        all_envs: list[tuple[str, gym.Env]] = []
         open_eps: list[_Episode] = []
         sink = open(path, "ab") if path is not None else None
         t_start = time.perf_counter()
@@ -348,8 +407,9 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             pool = free_envs.setdefault(env_id, [])
             if pool:
                 return pool.pop()
-            env = gym.make(env_id, **kwargs_of(env_id))
-            all_envs.append(env)
+            env = env_pool.take(env_id, kwargs_of(env_id)) if env_pool is not None else \
+                gym.make(env_id, **kwargs_of(env_id))
+            all_envs.append((env_id, env))
             return env
 
         def start(key: Key) -> _Episode:
@@ -459,7 +519,10 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
             bar.close()
             if sink is not None:
                 sink.close()
-            for env in all_envs:
+            for env_id, env in all_envs:
+                if env_pool is not None:
+                    env_pool.give(env_id, kwargs_of(env_id), env)
+                    continue
                 try:
                     env.close()
                 except Exception:  # closing must not hide the real error

@@ -321,10 +321,16 @@ class GroupRollouts:
     call (episodes, informative share before resampling, seconds of generation and env). With
     ``policy_base_url`` the policy is an :class:`EndpointPolicy` and the episodes are played through the rollout
     seam (:meth:`_play_jobs`); ``generation_s`` is then the agents' time summed over the workers or actors.
+    Played in this process, the envs stay open from step to step (``env_pool``, :class:`trace_train.rollouts.EnvPool`:
+    a generated env's sandbox worker starts once per episode slot, not once per episode); :meth:`close` closes
+    them.
     """
 
     def __init__(self, cfg: TrainConfig, env_kwargs: dict[str, dict], device: str) -> None:
+        from ..rollouts import EnvPool
+
         self.cfg, self.env_kwargs, self.device = cfg, env_kwargs, device
+        self.env_pool = EnvPool()
         self.hints = {e: _hint_for(cfg, e) for e in cfg.env_ids} if cfg.hint_share else {}
         self.episodes = 0
         self.last: dict = {}
@@ -344,6 +350,10 @@ class GroupRollouts:
                        max_new_tokens=self.cfg.max_turn_tokens, temperature=self.cfg.temperature, top_p=top_p,
                        max_prompt_tokens=1 << 30, batch_size=max(1, self.cfg.batch_rollouts), seed=None,
                        name="grpo-policy", decode=self.cfg.decode, top_k=0, record_samples=True)
+
+    def close(self) -> None:
+        """Close the envs kept open between steps."""
+        self.env_pool.close()
 
     def _endpoint_policy(self, top_p: float) -> EndpointPolicy:
         """How the step's episodes are played with ``policy_base_url``: an :class:`~trace_train.agents.OpenAIChatAgent`
@@ -407,7 +417,7 @@ class GroupRollouts:
                 summary = run_rollouts(env_id, who, seeds=seeds, samples=samples,
                                        in_flight=len(seeds) * samples, env_kwargs=self.env_kwargs[env_id],
                                        progress=False, keep_records=True,
-                                       max_steps=self.cfg.max_tool_calling_iterations)
+                                       max_steps=self.cfg.max_tool_calling_iterations, env_pool=self.env_pool)
                 by_seed = self._by_seed(summary.records)
                 for i in batch:
                     results[i].extend(by_seed[groups[i][1]])
@@ -716,7 +726,11 @@ def train(cfg: TrainConfig, callbacks: Sequence[Any] = ()) -> TrainResult:
             (out / "replay.json").write_text(json.dumps(batches.summary, indent=2))
     if cfg.max_minutes:
         trainer.add_callback(TimeBudget(cfg.max_minutes))
-    trainer.train(resume_from_checkpoint=resume_from)
+    try:
+        trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        if rollouts is not None:
+            rollouts.close()
 
     cfg.adapter_dir.mkdir(parents=True, exist_ok=True)
     trainer.save_model(str(cfg.adapter_dir))
