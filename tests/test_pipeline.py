@@ -354,7 +354,7 @@ def test_a_run_moved_or_resumed_from_another_directory_finds_its_own_files(tmp_p
     from another working directory, the stages are still skipped and the summaries point at the files here, not
     at the old place (which may hold another run's files)."""
     from trace_train.pipeline import Pipeline
-    from trace_train.pipeline.runner import rebase_summaries
+    from trace_train.run_dir import rebase_summaries
 
     (tmp_path / "a").mkdir()
     monkeypatch.chdir(tmp_path / "a")

@@ -72,7 +72,7 @@ def _missing_note(stages: dict, name: str) -> str:
 
 def build_document(run_dir: str | Path) -> Document:
     run = Path(run_dir)
-    from trace_train.pipeline.runner import rebase_summaries
+    from ..run_dir import rebase_summaries
 
     state = rebase_summaries(_load(run / "stages.json") or {"stages": {}}, run)
     stages = state.get("stages", {})
