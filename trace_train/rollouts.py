@@ -320,7 +320,8 @@ def run_rollouts(env_ids: str | Sequence[str], agent: Any, seeds: Iterable[int],
                  agent_name: str | None = None, keep_records: bool = False,
                  retry_env_errors: bool = False, keys: Sequence[Key] | None = None,
                  on_record: Callable[[dict], None] | None = None, audit: Any = True,
-                 on_step: Callable[[], None] | None = None, env_pool: EnvPool | None = None) -> RolloutSummary:
+                 on_step: Callable[[], None] | None = None,
+                 env_pool: EnvPool | None = None) -> RolloutSummary:
     """Run every (env id, seed, sample) once and append the trajectories to ``out``.
 
     Args:

@@ -18,12 +18,12 @@ def rebase_summaries(state: dict, run_dir: str | Path) -> dict:
     those paths would name nothing, or the old run's files. Each summary string that is a path inside the
     recorded run directory (``state["run_dir"]`` as given, or ``state["run_dir_abs"]``) and names a file that
     exists under ``run_dir`` is rebased onto ``run_dir`` as given now (the check keeps an env id such as
-    ``trace/x-v0`` from a run directory named ``trace``), and both records are updated. ``outputs`` need nothing: they are relative to the run
-    directory already. Returns ``state``, changed in place.
+    ``trace/x-v0`` from a run directory named ``trace``), and both records are updated. ``outputs`` need nothing:
+    they are relative to the run directory already. Returns ``state``, changed in place.
     """
     new = Path(run_dir)
     olds = [Path(o) for o in (state.get("run_dir_abs"), state.get("run_dir")) if o]
-    # A recorded run directory of no components ("." ) would claim every relative string: skip it.
+    # A recorded run directory of no components (".") would claim every relative string: skip it.
     olds = [o for o in dict.fromkeys(olds) if o.parts and o != new]
 
     def rebase(value: Any) -> Any:
